@@ -1,0 +1,191 @@
+"""Speculative decoding: draft k tokens, verify them in ONE target pass, keep the agreeing prefix.
+
+Greedy mode is token-identical to the target's own greedy decoding. Sampling mode is
+exact speculative sampling (Leviathan et al. 2023, arXiv:2211.17192; Chen et al. 2023,
+arXiv:2302.01318): a drafted token x is accepted with probability min(1, p(x)/q(x)) and
+a rejection is replaced by a sample from the residual max(0, p - q), normalised, so
+every emitted token is distributed exactly as the target would have sampled it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+
+from .drafters import Drafter, as_drafter
+from .inputs import check_request, clock, eos_ids
+from .kv_cache import new_cache, rollback
+from .sampling import Sampler
+from .stats import GenerationOutput, GenerationStats
+
+
+def accept_greedy(logits: torch.Tensor, drafts: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy verdict: accept drafts while they equal the target's argmax.
+
+    ``logits``: [n+1, V] target logits after each prefix; ``drafts``: [n].
+    Returns (number accepted, the target's token after them), both 0-d tensors.
+    """
+    target_tokens = logits.argmax(dim=-1)
+    num_accepted = (target_tokens[:-1] == drafts).int().cumprod(dim=0).sum()
+    return num_accepted, target_tokens[num_accepted]
+
+
+def accept_sampled(
+    p: torch.Tensor, drafts: torch.LongTensor, q: torch.Tensor | None, sampler: Sampler
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact rejection sampling of the drafts against the target.
+
+    ``p``: [n+1, V] target probabilities (warped); ``q``: [n, V] draft probabilities the
+    drafts were sampled from, or ``None`` for a deterministic proposal (one-hot q).
+    """
+    n, vocab = drafts.numel(), p.shape[-1]
+    if q is None:
+        q = torch.nn.functional.one_hot(drafts, vocab).to(p.dtype)
+    rows = torch.arange(n, device=p.device)
+    uniform = torch.rand(n, generator=sampler.generator, device=p.device)
+    # u < p/q written without the division (q(x) > 0 for a token that was sampled from q).
+    accepted = uniform * q[rows, drafts] < p[rows, drafts]
+    num_accepted = accepted.int().cumprod(dim=0).sum()
+    # After a rejection at i, sample max(0, p_i - q_i); after n acceptances q is "all zero",
+    # so the same formula gives the bonus token from p_n.
+    q_padded = torch.cat([q, q.new_zeros(1, vocab)])
+    residual = (p[num_accepted] - q_padded[num_accepted]).clamp_min(0)
+    # p == q exactly makes a rejection impossible; guard the all-zero row rounding could leave.
+    residual = torch.where(residual.sum() > 0, residual, p[num_accepted])
+    return num_accepted, sampler.sample(residual)
+
+
+def speculative_step(
+    target: torch.nn.Module,
+    cache,
+    drafter: Drafter,
+    tokens: torch.LongTensor,
+    length: int,
+    max_drafts: int,
+    sampler: Sampler,
+    stats: GenerationStats,
+    now: Callable[[], float],
+) -> int:
+    """One draft / verify / accept iteration on ``tokens[:length]``; returns the new length.
+
+    On entry the target cache holds ``tokens[:length - 1]``; on exit it holds all but the
+    last token again. Tokens past the returned length are scratch space.
+    """
+    # 1. Draft: the drafter proposes up to max_drafts tokens.
+    t0 = now()
+    proposal = drafter.propose(tokens[:length], max_drafts, sampler)
+    drafts = proposal.tokens.to(tokens.device)
+    n = drafts.numel()
+    tokens[length : length + n] = drafts
+    t1 = now()
+
+    # 2. Verify: one target pass over [last token, d1..dn] gives the target's
+    #    distribution after every prefix: n + 1 positions.
+    logits = target(tokens[None, length - 1 : length + n], past_key_values=cache, use_cache=True).logits[0]
+    t2 = now()
+
+    # 3. Accept: the longest agreeing prefix, then the target's own token (the
+    #    correction at the first disagreement, or the bonus token if all n agree).
+    if sampler.greedy:
+        num_accepted, next_token = accept_greedy(logits, drafts)
+    else:
+        q = None if proposal.probs is None else proposal.probs.to(logits.device)
+        num_accepted, next_token = accept_sampled(sampler.probs(logits), drafts, q, sampler)
+    num_accepted = int(num_accepted)
+    tokens[length + num_accepted] = next_token
+    new_length = length + num_accepted + 1
+
+    # 4. Roll back: the target cache read all n drafts; keep only the accepted ones.
+    rollback(cache, new_length - 1)
+    drafter.update(tokens[:new_length], num_accepted)
+
+    stats.iterations += 1
+    stats.target_forward_calls += 1
+    stats.draft_forward_calls += proposal.forward_calls
+    stats.drafted_tokens += n
+    stats.accepted_tokens += num_accepted
+    if n:
+        stats.accepted_histogram[num_accepted] += 1
+    stats.draft_seconds += t1 - t0
+    stats.verify_seconds += t2 - t1
+    for name, seconds in proposal.seconds.items():
+        stats.draft_breakdown[name] = stats.draft_breakdown.get(name, 0.0) + seconds
+    return new_length
+
+
+@torch.inference_mode()
+def speculative_generate(
+    target: torch.nn.Module,
+    draft: torch.nn.Module | Drafter,
+    input_ids: torch.LongTensor,
+    max_new_tokens: int = 64,
+    num_draft_tokens: int = 5,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_token_id: int | Iterable[int] | None = None,
+    generator: torch.Generator | None = None,
+    streamer=None,
+) -> GenerationOutput:
+    """Generate with speculative decoding for one prompt.
+
+    Args:
+        target: the causal LM whose output is produced.
+        draft: a same-tokenizer causal LM, or any :class:`~specdec_ref.drafters.Drafter`.
+        input_ids: the prompt, shape [1, prompt_len].
+        max_new_tokens: never more new tokens than this.
+        num_draft_tokens: k, the most tokens drafted per iteration (>= 1).
+        do_sample, temperature, top_k, top_p, generator: the decoding rule (see :class:`Sampler`).
+        eos_token_id: stop after this token (or any of these); ``None`` takes the target's
+            generation config, ``[]`` never stops early.
+        streamer: a ``transformers`` streamer; tokens are pushed as they are accepted.
+
+    Returns:
+        :class:`GenerationOutput` with ``sequences`` [1, prompt_len + new] and ``stats``.
+    """
+    if not isinstance(num_draft_tokens, int) or num_draft_tokens < 1:
+        raise ValueError(f"num_draft_tokens (k) must be an integer >= 1 (got {num_draft_tokens!r})")
+    sampler = Sampler(do_sample, temperature, top_k, top_p, generator)
+    prompt = check_request(target, input_ids, max_new_tokens, role="target")
+    drafter = as_drafter(draft, target)
+    drafter.start(prompt, max_new_tokens)
+    eos = eos_ids(target, eos_token_id)
+    now = clock(target.device)
+    stats = GenerationStats(num_draft_tokens=num_draft_tokens, accepted_histogram=[0] * (num_draft_tokens + 1))
+    start = now()
+
+    end = prompt.numel() + max_new_tokens
+    tokens = torch.empty(end, dtype=torch.long, device=target.device)
+    tokens[: prompt.numel()] = prompt
+    length = prompt.numel()
+    if streamer is not None:
+        streamer.put(prompt[None].cpu())
+
+    cache = new_cache(target)
+    if length > 1 and max_new_tokens > 0:
+        # Prefill all but the last prompt token: the first verification pass reads that one.
+        t0 = now()
+        target(prompt[None, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        stats.prefill_seconds = now() - t0
+        stats.target_forward_calls += 1
+
+    while length < end:
+        # Never draft past the budget: the last slot is the target's own token.
+        new_length = speculative_step(
+            target, cache, drafter, tokens, length, min(num_draft_tokens, end - length - 1), sampler, stats, now
+        )
+        hits = torch.isin(tokens[length:new_length], eos).nonzero()
+        if hits.numel():
+            new_length = length + int(hits[0]) + 1
+        if streamer is not None:
+            streamer.put(tokens[length:new_length].cpu())
+        length = new_length
+        if hits.numel():
+            break
+
+    stats.new_tokens = length - prompt.numel()
+    stats.total_seconds = now() - start
+    if streamer is not None:
+        streamer.end()
+    return GenerationOutput(sequences=tokens[None, :length].clone(), stats=stats)

@@ -1,0 +1,85 @@
+"""What a generation run returns: the tokens and the speculative "health check"."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+
+@dataclass
+class GenerationStats:
+    """Counters and timings of one generation run.
+
+    Definitions (the same in the lessons, the benchmarks and the vLLM readers):
+    acceptance rate = accepted draft tokens / drafted tokens; tokens per target
+    pass = new tokens / verification passes, which counts the token the target
+    contributes itself (the correction or the bonus token).
+    """
+
+    num_draft_tokens: int = 0
+    new_tokens: int = 0
+    iterations: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    # accepted_histogram[j] = iterations that accepted exactly j drafted tokens
+    # (iterations that drafted nothing, e.g. an n-gram miss, are not counted here).
+    accepted_histogram: list[int] = field(default_factory=list)
+    target_forward_calls: int = 0
+    draft_forward_calls: int = 0
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    total_seconds: float = 0.0
+    # Finer split of draft_seconds reported by the drafter (e.g. UAG's decode / encode / align).
+    draft_breakdown: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def tokens_per_target_pass(self) -> float:
+        return self.new_tokens / self.iterations if self.iterations else 0.0
+
+    @property
+    def bookkeeping_seconds(self) -> float:
+        """Time that is neither drafting nor a target forward: acceptance, cache rollback, streaming."""
+        return max(0.0, self.total_seconds - self.prefill_seconds - self.draft_seconds - self.verify_seconds)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.total_seconds if self.total_seconds else 0.0
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dict, derived figures included."""
+        derived = ("acceptance_rate", "tokens_per_target_pass", "bookkeeping_seconds", "tokens_per_second")
+        return asdict(self) | {name: getattr(self, name) for name in derived}
+
+    def __str__(self) -> str:
+        lines = [
+            f"new tokens            {self.new_tokens} in {self.total_seconds:.3f} s "
+            f"({self.tokens_per_second:.1f} tokens/s)",
+            f"target forward calls  {self.target_forward_calls} ({self.iterations} verification passes)",
+        ]
+        if self.drafted_tokens or self.draft_forward_calls:
+            lines += [
+                f"draft forward calls   {self.draft_forward_calls}",
+                f"acceptance rate       {self.acceptance_rate:.3f} "
+                f"({self.accepted_tokens}/{self.drafted_tokens} drafted tokens accepted)",
+                f"tokens per target pass {self.tokens_per_target_pass:.2f}",
+                f"accepted per iteration {self.accepted_histogram}",
+            ]
+        lines.append(
+            f"time: prefill {self.prefill_seconds:.3f} s, draft {self.draft_seconds:.3f} s, "
+            f"verify {self.verify_seconds:.3f} s, bookkeeping {self.bookkeeping_seconds:.3f} s"
+        )
+        lines += [f"  of drafting, {name}: {secs:.3f} s" for name, secs in self.draft_breakdown.items()]
+        return "\n".join(lines)
+
+
+@dataclass
+class GenerationOutput:
+    """``sequences``: LongTensor [1, prompt_len + new_tokens], prompt included."""
+
+    sequences: torch.LongTensor
+    stats: GenerationStats

@@ -1,0 +1,65 @@
+"""Shared fixtures: small random-init models of several families, built locally (no downloads)."""
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+VOCAB = 384
+# A large init range spreads the logits, so greedy argmax ties (where batched and
+# one-token passes could round differently) are vanishingly rare in random models.
+INIT = 0.3
+
+
+def build(family: str, hidden: int, layers: int, seed: int, vocab: int = VOCAB, context: int = 256):
+    """A random-init causal LM of ``family`` ("llama", "gpt2" or "qwen2"), in eval mode."""
+    torch.manual_seed(seed)
+    heads = max(2, hidden // 32)
+    if family == "llama":
+        config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                             num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                             max_position_embeddings=context, initializer_range=INIT,
+                             bos_token_id=1, eos_token_id=2)
+        model = LlamaForCausalLM(config)
+    elif family == "gpt2":
+        config = GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads, n_positions=context,
+                            initializer_range=INIT, bos_token_id=1, eos_token_id=2)
+        model = GPT2LMHeadModel(config)
+    elif family == "qwen2":
+        config = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                             num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads // 2,
+                             max_position_embeddings=context, initializer_range=INIT,
+                             bos_token_id=1, eos_token_id=2)
+        model = Qwen2ForCausalLM(config)
+    else:
+        raise ValueError(family)
+    return model.eval()
+
+
+def noisy_copy(model: torch.nn.Module, noise: float, seed: int) -> torch.nn.Module:
+    """The model with Gaussian noise on its weights: a draft that agrees with it *sometimes*,
+    so iterations accept every possible number of drafts and the rollback paths all run."""
+    torch.manual_seed(seed)
+    draft = copy.deepcopy(model)
+    with torch.no_grad():
+        for param in draft.parameters():
+            param.add_(noise * param.std() * torch.randn_like(param))
+    return draft.eval()
+
+
+@pytest.fixture(scope="session", params=["llama", "gpt2", "qwen2"])
+def family_pair(request):
+    """(family, target, noisy-copy draft, small independent draft) for each model family."""
+    target = build(request.param, hidden=64, layers=2, seed=0)
+    return request.param, target, noisy_copy(target, 0.05, seed=1), build(request.param, 32, 1, seed=2)
+
+
+def prompt(length: int, seed: int = 0, vocab: int = VOCAB) -> torch.LongTensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (1, length), generator=generator)
