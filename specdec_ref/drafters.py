@@ -59,20 +59,10 @@ class ModelDrafter:
         self.cache = new_cache(self.model)
 
     def propose(self, tokens: torch.LongTensor, max_tokens: int, sampler: Sampler) -> Proposal:
-        drafts = torch.empty(max_tokens, dtype=torch.long, device=self.model.device)
-        probs = []
         # Feed what the draft has not read yet: the prompt at first, then the target's last token(s).
-        pending = tokens[self.cache.get_seq_length():].to(self.model.device)
-        for i in range(max_tokens):
-            logits = self.model(pending[None], past_key_values=self.cache, use_cache=True, logits_to_keep=1)
-            logits = logits.logits[0, -1]
-            if sampler.greedy:
-                drafts[i] = logits.argmax()
-            else:
-                probs.append(sampler.probs(logits))
-                drafts[i] = sampler.sample(probs[-1])
-            pending = drafts[i : i + 1]
-        return Proposal(drafts, torch.stack(probs) if probs else None, forward_calls=max_tokens)
+        pending = tokens[self.cache.get_seq_length():]
+        drafts, probs = draft_autoregressive(self.model, self.cache, pending, max_tokens, sampler)
+        return Proposal(drafts, probs, forward_calls=max_tokens)
 
     def update(self, tokens: torch.LongTensor, num_accepted: int) -> None:
         # The draft cache holds the old sequence plus all drafts but the last; everything up to
@@ -80,19 +70,23 @@ class ModelDrafter:
         rollback(self.cache, tokens.numel() - 1)
 
 
-def as_drafter(draft: object, target: torch.nn.Module) -> Drafter:
-    """Wrap a same-tokenizer draft model in :class:`ModelDrafter`; pass drafters through."""
-    if isinstance(draft, Drafter):
-        return draft
-    if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "config"):
-        raise TypeError(
-            f"draft must be a transformers causal LM or a Drafter (start/propose/update), got {type(draft).__name__}"
-        )
-    draft_vocab, target_vocab = draft.config.vocab_size, target.config.vocab_size
-    if draft_vocab != target_vocab:
-        raise ValueError(
-            f"the draft and target vocabularies differ ({draft_vocab} vs {target_vocab} tokens), so draft "
-            "token ids mean different text to the target and cannot be verified directly. Pass "
-            "target_tokenizer= and draft_tokenizer= to use the cross-tokenizer (UAG) path."
-        )
-    return ModelDrafter(draft)
+def draft_autoregressive(
+    model: torch.nn.Module, cache, pending: torch.LongTensor, num_tokens: int, sampler: Sampler
+) -> tuple[torch.LongTensor, torch.Tensor | None]:
+    """Run ``model`` for ``num_tokens`` steps from ``pending`` (ids its cache has not read).
+
+    Returns the drafted ids [n] and, when sampling, the distributions they came from [n, V].
+    The last drafted token is not fed: the cache ends one token short, as the loop expects.
+    """
+    drafts = torch.empty(num_tokens, dtype=torch.long, device=model.device)
+    probs = []
+    pending = pending.to(model.device)
+    for i in range(num_tokens):
+        logits = model(pending[None], past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+        if sampler.greedy:
+            drafts[i] = logits.argmax()
+        else:
+            probs.append(sampler.probs(logits))
+            drafts[i] = sampler.sample(probs[-1])
+        pending = drafts[i : i + 1]
+    return drafts, torch.stack(probs) if probs else None

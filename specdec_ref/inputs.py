@@ -66,16 +66,6 @@ def eos_ids(model: torch.nn.Module, eos_token_id: int | Iterable[int] | None) ->
     return torch.tensor(list(eos_token_id), dtype=torch.long, device=model.device)
 
 
-def stop_length(emitted: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
-    """How many of ``emitted`` tokens to keep: up to and including the first EOS (0-d tensor).
-
-    Returned as a tensor so the caller can fetch it with its other scalars in one sync.
-    """
-    is_eos = torch.isin(emitted, eos)
-    first_eos = is_eos.int().argmax()
-    return torch.where(is_eos.any(), first_eos + 1, emitted.numel())
-
-
 def clock(device: torch.device) -> Callable[[], float]:
     """A wall clock that waits for queued GPU work first, so timings are attributed correctly."""
     if device.type == "cuda":

@@ -12,11 +12,37 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from .drafters import Drafter, as_drafter
+from .drafters import Drafter, ModelDrafter
 from .inputs import check_request, clock, eos_ids
 from .kv_cache import new_cache, rollback
 from .sampling import Sampler
 from .stats import GenerationOutput, GenerationStats
+from .tokenizer_compat import compare_tokenizers
+from .uag import CrossTokenizerDrafter
+
+
+def as_drafter(draft: object, target: torch.nn.Module, target_tokenizer=None, draft_tokenizer=None) -> Drafter:
+    """Pick the drafter for ``draft``: drafters pass through; a model drafts natively when it
+    shares the target's vocabulary and through text (UAG) when the tokenizers say it does not."""
+    if isinstance(draft, Drafter):
+        return draft
+    if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "config"):
+        raise TypeError(
+            f"draft must be a transformers causal LM or a Drafter (start/propose/update), got {type(draft).__name__}"
+        )
+    if (target_tokenizer is None) != (draft_tokenizer is None):
+        raise ValueError("pass both target_tokenizer= and draft_tokenizer= (or neither)")
+    if target_tokenizer is not None:
+        if not compare_tokenizers(target_tokenizer, draft_tokenizer).native_ok:
+            return CrossTokenizerDrafter(draft, draft_tokenizer, target_tokenizer)
+    draft_vocab, target_vocab = draft.config.vocab_size, target.config.vocab_size
+    if draft_vocab != target_vocab:
+        raise ValueError(
+            f"the draft and target vocabularies differ ({draft_vocab} vs {target_vocab} tokens), so draft "
+            "token ids mean different text to the target and cannot be verified directly. Pass "
+            "target_tokenizer= and draft_tokenizer= to use the cross-tokenizer (UAG) path."
+        )
+    return ModelDrafter(draft)
 
 
 def accept_greedy(logits: torch.Tensor, drafts: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,6 +153,8 @@ def speculative_generate(
     eos_token_id: int | Iterable[int] | None = None,
     generator: torch.Generator | None = None,
     streamer=None,
+    target_tokenizer=None,
+    draft_tokenizer=None,
 ) -> GenerationOutput:
     """Generate with speculative decoding for one prompt.
 
@@ -140,6 +168,9 @@ def speculative_generate(
         eos_token_id: stop after this token (or any of these); ``None`` takes the target's
             generation config, ``[]`` never stops early.
         streamer: a ``transformers`` streamer; tokens are pushed as they are accepted.
+        target_tokenizer, draft_tokenizer: give both when the draft model may not share the
+            target's tokenizer; if :func:`compare_tokenizers` finds the vocabularies differ,
+            drafting goes through text (Universal Assisted Generation).
 
     Returns:
         :class:`GenerationOutput` with ``sequences`` [1, prompt_len + new] and ``stats``.
@@ -148,7 +179,7 @@ def speculative_generate(
         raise ValueError(f"num_draft_tokens (k) must be an integer >= 1 (got {num_draft_tokens!r})")
     sampler = Sampler(do_sample, temperature, top_k, top_p, generator)
     prompt = check_request(target, input_ids, max_new_tokens, role="target")
-    drafter = as_drafter(draft, target)
+    drafter = as_drafter(draft, target, target_tokenizer, draft_tokenizer)
     drafter.start(prompt, max_new_tokens)
     eos = eos_ids(target, eos_token_id)
     now = clock(target.device)

@@ -64,3 +64,59 @@ def family_pair(request):
 def prompt(length: int, seed: int = 0, vocab: int = VOCAB) -> torch.LongTensor:
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab, (1, length), generator=generator)
+
+
+# ---- tokenizers trained locally, for the cross-tokenizer tests ----------------------------
+
+UNICODE_LINES = ["naïve café — 東京 costs 5 € ✓\n", "  # größer, señor, 你好\n"]
+
+
+def training_text() -> list[str]:
+    """A small deterministic corpus: a few standard-library modules plus some non-ASCII lines."""
+    import inspect
+    import json
+    import textwrap
+
+    return [inspect.getsource(json.decoder), inspect.getsource(textwrap)] + UNICODE_LINES * 20
+
+
+def train_tokenizer(vocab_size: int, kind: str = "bytelevel"):
+    """A ``PreTrainedTokenizerFast`` of exactly ``vocab_size`` entries.
+
+    ``bytelevel``: byte-level BPE (GPT-2 style); ``digits``: byte-level BPE that also splits
+    every digit apart (other merges, other ids); ``metaspace``: SentencePiece-style BPE that
+    marks spaces with "▁" (leading-space handling differs).
+    """
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "</s>"]
+    if kind == "metaspace":
+        tok = Tokenizer(models.BPE(unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        alphabet = sorted(set("".join(training_text())) - {" "}) + ["▁"]
+        specials = specials + ["<unk>"]
+    else:
+        tok = Tokenizer(models.BPE())
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                             if kind == "digits" else byte_level)
+        tok.decoder = decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=alphabet, special_tokens=specials,
+                                  show_progress=False)
+    tok.train_from_iterator(training_text(), trainer)
+    assert tok.get_vocab_size() == vocab_size, tok.get_vocab_size()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>" if kind == "metaspace" else None)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_a():
+    return train_tokenizer(VOCAB, "bytelevel")
+
+
+@pytest.fixture(scope="session")
+def tokenizer_b():
+    return train_tokenizer(320, "digits")

@@ -10,7 +10,8 @@ from specdec_ref import autoregressive_generate, speculative_generate
 
 def reference(target, input_ids, max_new_tokens, eos_token_id=None):
     kwargs = {} if eos_token_id is None else {"eos_token_id": eos_token_id}
-    return target.generate(input_ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0, **kwargs)
+    return target.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+                           do_sample=False, pad_token_id=0, **kwargs)
 
 
 @pytest.mark.parametrize("prompt_len", [1, 9, 30])

@@ -1,0 +1,41 @@
+"""Launch and measure vLLM with speculative decoding.
+
+Four small pieces, usable on their own:
+
+* :func:`serve_command` builds the ``vllm serve`` argument list for each
+  speculative method, with the speculation settings in ``--speculative-config``
+  (vLLM has no ``--draft-model`` flag, and ``--speculative-model`` was removed).
+* :class:`VLLMServer` runs a server in its own process group, waits for
+  ``/health``, keeps the log, and on exit stops every process it started.
+* :class:`OpenAIClient` sends completions to any OpenAI-compatible server and
+  times them (time to first token, inter-token latency, tokens/s).
+* :class:`SpecDecodeMetrics` reads the ``vllm:spec_decode_*`` counters from
+  ``/metrics`` and turns them into the course's acceptance figures.
+
+They live in ``command``, ``server``, ``client`` and ``metrics``; everything
+public is importable from here.  Only the standard library and tqdm are used,
+so the package imports without vLLM: the server usually runs from a separate
+virtual environment (``launcher``).
+"""
+from .client import Completion, OpenAIClient, VLLMClientError, iter_sse_data
+from .command import SPECULATIVE_METHODS, resolve_model, serve_command, speculative_config
+from .metrics import PrometheusSample, SpecDecodeMetrics, parse_prometheus_text
+from .server import VLLMServer, VLLMServerError, port_in_use, process_group_members
+
+__all__ = [
+    "SPECULATIVE_METHODS",
+    "Completion",
+    "OpenAIClient",
+    "PrometheusSample",
+    "SpecDecodeMetrics",
+    "VLLMClientError",
+    "VLLMServer",
+    "VLLMServerError",
+    "iter_sse_data",
+    "parse_prometheus_text",
+    "port_in_use",
+    "process_group_members",
+    "resolve_model",
+    "serve_command",
+    "speculative_config",
+]
