@@ -1,0 +1,171 @@
+"""Command line: ``python -m specdec_ref {demo,bench,roofline}``."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _prompts(n: int) -> list[str]:
+    from .zoo.corpus import heldout_prompts
+
+    return heldout_prompts(n)
+
+
+def _print_roofline(target_bytes: float, measured: dict[str, float] | None = None) -> None:
+    from . import roofline
+
+    print("\nRoofline: the fastest batch-1 decode step is weight bytes / memory bandwidth")
+    for params, dtype in ((70e9, "bfloat16"), (8e9, "bfloat16")):
+        size = roofline.weight_bytes(params, dtype)
+        bounds = ", ".join(f"{a.name} {roofline.seconds_per_token_bound(size, a.memory_bandwidth) * 1e3:.1f} ms"
+                           for a in roofline.ACCELERATORS.values())
+        print(f"  {params / 1e9:.0f}B params in {dtype} = {size / 1e9:.0f} GB per token: {bounds}")
+    if measured:
+        llc = roofline.last_level_cache_bytes()
+        print(f"  this machine: DRAM triad {measured['dram'] / 1e9:.1f} GB/s, last-level-cache triad "
+              f"{measured['cache'] / 1e9:.1f} GB/s (LLC {llc / 2**20:.0f} MiB)" if llc else "")
+        fits = llc is not None and target_bytes < llc
+        print(f"  zoo target weights: {target_bytes / 1e6:.0f} MB -> bound "
+              f"{target_bytes / measured['dram'] * 1e3:.2f} ms/token from DRAM"
+              + (f", {target_bytes / measured['cache'] * 1e3:.2f} ms/token from the cache it fits in" if fits else ""))
+
+
+def measure_this_machine() -> dict[str, float]:
+    """DRAM bandwidth (arrays 2x the last-level cache) and cache bandwidth (arrays 1/8 of it)."""
+    from . import roofline
+
+    llc = roofline.last_level_cache_bytes() or 32 * 2**20
+    return {"dram": roofline.measure_memory_bandwidth(2 * llc, repeats=3)["triad"],
+            "cache": roofline.measure_memory_bandwidth(llc // 8, repeats=5)["triad"]}
+
+
+def demo(args: argparse.Namespace) -> None:
+    from transformers import TextStreamer
+
+    from . import bench, speculative_generate
+    from .tokenizer_compat import compare_tokenizers
+
+    pair = bench.load_pair("zoo:target", "zoo:draft")
+    tokenizer = pair.target_tokenizer
+    n_target = sum(p.numel() for p in pair.target.parameters())
+    n_draft = sum(p.numel() for p in pair.draft.parameters())
+    print(f"target: zoo:target, {n_target / 1e6:.1f}M params; draft: zoo:draft, {n_draft / 1e6:.2f}M params")
+    print(compare_tokenizers(pair.target_tokenizer, pair.draft_tokenizer).verdict)
+
+    prompts = _prompts(args.prompts)
+    print(f"\n--- speculative decoding, k={args.k}, streamed as tokens are accepted ---")
+    ids = tokenizer(prompts[0], return_tensors="pt").input_ids
+    print(prompts[0], end="")
+    out = speculative_generate(pair.target, pair.draft, ids, max_new_tokens=args.max_new_tokens,
+                               num_draft_tokens=args.k, streamer=TextStreamer(tokenizer, skip_prompt=True))
+    print("\n--- health check ---")
+    print(out.stats)
+
+    print(f"\n--- benchmark: {len(prompts)} held-out prompts, {args.max_new_tokens} new tokens each ---")
+    summary = bench.run(pair, prompts, [args.k], args.max_new_tokens, hf_assisted=not args.no_hf)
+    result = summary["configs"][0]
+    base = summary["baseline"]["tokens_per_second"]
+    print(f"baseline (target alone)      {base:7.1f} tokens/s")
+    print(f"speculative (specdec_ref)    {result['speculative_tokens_per_second']:7.1f} tokens/s  "
+          f"speedup {result['speculative_speedup']:.2f}x")
+    if not args.no_hf:
+        print(f"transformers assisted        {result['hf_assisted_tokens_per_second']:7.1f} tokens/s  "
+              f"speedup {result['hf_assisted_speedup']:.2f}x")
+    costs = summary["cost_model"]
+    print(f"acceptance rate {result['acceptance_rate']:.3f}, tokens per target pass "
+          f"{result['tokens_per_target_pass']:.2f}")
+    print(f"predicted speedup {result['predicted_speedup']:.2f}x from a={result['acceptance_rate']:.2f}, "
+          f"c={costs['cost_ratio']:.3f}, verify cost v({args.k})={costs['verify_costs'][args.k]:.2f}; "
+          f"measured {result['speculative_speedup']:.2f}x")
+    identical = result["speculative_identical_outputs"] and result.get("hf_assisted_identical_outputs", True)
+    print(f"outputs identical to the target's greedy decoding: {'yes' if identical else 'NO'}")
+
+    _print_roofline(summary["target_weight_bytes"], measure_this_machine())
+    print(f"  bandwidth achieved: baseline {summary['baseline']['bandwidth_achieved'] / 1e9:.1f} GB/s, "
+          f"speculative {result['bandwidth_achieved'] / 1e9:.1f} GB/s of weights read")
+    Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+    bench.plot(summary, args.plot)
+    print(f"\nfigure written to {args.plot}")
+    if not identical:
+        sys.exit("error: speculative output differs from the baseline")
+
+
+def run_bench(args: argparse.Namespace) -> None:
+    from . import bench
+
+    ks = [int(k) for k in args.k.split(",")]
+    if any(k < 1 for k in ks):
+        sys.exit(f"error: every k must be >= 1 (got {args.k})")
+    pair = bench.load_pair(args.target, args.draft, device=args.device, dtype=DTYPES[args.dtype])
+    summary = bench.run(pair, _prompts(args.prompts), ks, args.max_new_tokens, hf_assisted=not args.no_hf)
+    summary |= {"target": args.target, "draft": args.draft, "device": args.device, "dtype": args.dtype}
+    for c in summary["configs"]:
+        hf = f"  hf {c['hf_assisted_speedup']:.2f}x" if "hf_assisted_speedup" in c else ""
+        print(f"k={c['k']:2d}  speedup {c['speculative_speedup']:.2f}x (predicted {c['predicted_speedup']:.2f}x)"
+              f"{hf}  acceptance {c['acceptance_rate']:.3f}  tau {c['tokens_per_target_pass']:.2f}  "
+              f"identical {c['speculative_identical_outputs']}")
+    print(f"baseline {summary['baseline']['tokens_per_second']:.1f} tokens/s; best k = {summary['best_k']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2))
+        print(f"JSON written to {args.json}")
+    if args.plot:
+        bench.plot(summary, args.plot)
+        print(f"figure written to {args.plot}")
+
+
+def run_roofline(args: argparse.Namespace) -> None:
+    from . import roofline
+
+    size = roofline.weight_bytes(args.params, args.dtype)
+    print(f"{args.params:.3g} params in {args.dtype}: {size / 1e9:.2f} GB of weights per decode step")
+    for a in roofline.ACCELERATORS.values():
+        bound = roofline.seconds_per_token_bound(size, a.memory_bandwidth)
+        print(f"  {a.name:10s} {a.memory_bandwidth / 1e12:5.2f} TB/s -> >= {bound * 1e3:8.2f} ms/token "
+              f"(<= {1 / bound:8.1f} tokens/s)   [{a.source}]")
+    measured = measure_this_machine()
+    bound = size / measured["dram"]
+    print(f"  this CPU   {measured['dram'] / 1e12:5.3f} TB/s (measured DRAM triad) -> >= {bound * 1e3:8.2f} ms/token")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m specdec_ref", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("demo", help="stream a generation and compare baseline vs speculative on the zoo pair")
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--prompts", type=int, default=6)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--plot", default="out/demo.png")
+    p.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
+    p.set_defaults(func=demo)
+
+    p = sub.add_parser("bench", help="baseline vs speculative vs transformers over a k sweep")
+    p.add_argument("--target", default="zoo:target")
+    p.add_argument("--draft", default="zoo:draft")
+    p.add_argument("--k", default="1,2,3,4,6,8", help="comma-separated draft lengths")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--prompts", type=int, default=20, help="number of held-out prompts")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--json")
+    p.add_argument("--plot")
+    p.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
+    p.set_defaults(func=run_bench)
+
+    p = sub.add_parser("roofline", help="bandwidth lower bounds per token for a model size")
+    p.add_argument("--params", type=float, default=70e9)
+    p.add_argument("--dtype", default="bfloat16")
+    p.set_defaults(func=run_roofline)
+
+    args = parser.parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

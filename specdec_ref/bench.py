@@ -1,0 +1,204 @@
+"""Benchmark harness: baseline vs our speculative loop vs transformers' assisted generation.
+
+All methods run on the same pair, prompts and k, in one process, interleaved prompt by
+prompt (so drift in machine load hits every method alike), after a warm-up. Speedups
+are medians of per-prompt ratios to the baseline; outputs are compared, not assumed equal.
+"""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from . import roofline
+from .baseline import autoregressive_generate
+from .inputs import clock
+from .speculative import speculative_generate
+from .tokenizer_compat import compare_tokenizers
+
+
+@dataclass
+class Pair:
+    """A target, a draft and their tokenizers; ``cross_tokenizer`` when ids are not shared."""
+
+    target: torch.nn.Module
+    draft: torch.nn.Module
+    target_tokenizer: object
+    draft_tokenizer: object
+    cross_tokenizer: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.cross_tokenizer = not compare_tokenizers(self.target_tokenizer, self.draft_tokenizer).native_ok
+
+    @property
+    def tokenizer_kwargs(self) -> dict:
+        """What speculative_generate needs for this pair (the tokenizers only on the UAG path)."""
+        if not self.cross_tokenizer:
+            return {}
+        return {"target_tokenizer": self.target_tokenizer, "draft_tokenizer": self.draft_tokenizer}
+
+
+def load_pair(target: str, draft: str, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Pair:
+    """Load a pair by zoo name (``zoo:target``), local path or Hub id."""
+    from . import zoo
+
+    target_model, target_tokenizer = zoo.load(target, dtype=dtype, device=device)
+    draft_model, draft_tokenizer = zoo.load(draft, dtype=dtype, device=device)
+    return Pair(target_model, draft_model, target_tokenizer, draft_tokenizer)
+
+
+def hf_assisted_generate(pair: Pair, input_ids: torch.LongTensor, k: int, max_new_tokens: int) -> torch.LongTensor:
+    """transformers' assisted generation at a constant k (no adaptive schedule, no early stop)."""
+    config = pair.draft.generation_config
+    saved = (config.num_assistant_tokens, config.num_assistant_tokens_schedule, config.assistant_confidence_threshold)
+    config.num_assistant_tokens, config.num_assistant_tokens_schedule = k, "constant"
+    config.assistant_confidence_threshold = 0.0
+    try:
+        extra = {"tokenizer": pair.target_tokenizer, "assistant_tokenizer": pair.draft_tokenizer} \
+            if pair.cross_tokenizer else {}
+        return pair.target.generate(input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=pair.draft,
+                                    do_sample=False, max_new_tokens=max_new_tokens,
+                                    eos_token_id=[], pad_token_id=pair.target_tokenizer.pad_token_id, **extra)
+    finally:
+        (config.num_assistant_tokens, config.num_assistant_tokens_schedule,
+         config.assistant_confidence_threshold) = saved
+
+
+def _timed(fn, now):
+    start = now()
+    result = fn()
+    return result, now() - start
+
+
+def cost_model(pair: Pair, context: int, ks: Sequence[int]) -> dict:
+    """Measured draft cost ratio c and verify costs v(k) (k + 1 tokens, in 1-token target passes)."""
+    one = roofline.measure_forward_seconds(pair.target, context, 1)
+    draft_one = roofline.measure_forward_seconds(pair.draft, context, 1)
+    return {
+        "target_forward_seconds": one,
+        "draft_forward_seconds": draft_one,
+        "cost_ratio": draft_one / one,
+        "verify_costs": {k: roofline.measure_forward_seconds(pair.target, context, k + 1) / one for k in ks},
+    }
+
+
+def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: int = 128,
+        hf_assisted: bool = True, progress: bool = True) -> dict:
+    """Benchmark every method on every prompt; return a JSON-ready summary."""
+    encoded = [pair.target_tokenizer(p, return_tensors="pt").input_ids.to(pair.target.device) for p in prompts]
+    # EOS is off for every method, so each produces exactly max_new_tokens.
+    generate = {
+        "baseline": lambda ids, k: autoregressive_generate(pair.target, ids, max_new_tokens, eos_token_id=[]),
+        "speculative": lambda ids, k: speculative_generate(pair.target, pair.draft, ids, max_new_tokens, k,
+                                                           eos_token_id=[], **pair.tokenizer_kwargs),
+    }
+    if hf_assisted:
+        generate["hf_assisted"] = lambda ids, k: hf_assisted_generate(pair, ids, k, max_new_tokens)
+
+    for name, fn in generate.items():  # warm-up: allocator, kernels, tokenizer caches
+        fn(encoded[0], ks[0])
+
+    now = clock(pair.target.device)
+    baseline = []
+    runs = {k: {name: [] for name in generate if name != "baseline"} for k in ks}
+    bar = tqdm(encoded, desc="prompts", disable=not progress)
+    for ids in bar:
+        out, seconds = _timed(lambda: generate["baseline"](ids, None), now)
+        baseline.append({"sequences": out.sequences, "seconds": seconds, "stats": out.stats})
+        for k in ks:
+            for name in runs[k]:
+                out, seconds = _timed(lambda: generate[name](ids, k), now)
+                sequences = out if isinstance(out, torch.Tensor) else out.sequences
+                runs[k][name].append({"sequences": sequences, "seconds": seconds,
+                                      "stats": None if isinstance(out, torch.Tensor) else out.stats})
+        bar.set_postfix(baseline_tok_s=f"{max_new_tokens / seconds:.0f}")
+
+    context = int(statistics.median(ids.shape[1] for ids in encoded)) + max_new_tokens // 2
+    costs = cost_model(pair, context, ks)
+    target_bytes, draft_bytes = roofline.weight_bytes(pair.target), roofline.weight_bytes(pair.draft)
+    base_tps = [max_new_tokens / r["seconds"] for r in baseline]
+    summary = {
+        "max_new_tokens": max_new_tokens,
+        "prompts": len(prompts),
+        "cross_tokenizer": pair.cross_tokenizer,
+        "target_weight_bytes": target_bytes,
+        "draft_weight_bytes": draft_bytes,
+        "cost_model": costs,
+        "baseline": {
+            "tokens_per_second": statistics.median(base_tps),
+            "tokens_per_second_spread": _spread(base_tps),
+            "bandwidth_achieved": statistics.median(
+                roofline.bandwidth_achieved(target_bytes, r["stats"].target_forward_calls, r["seconds"])
+                for r in baseline),
+        },
+        "configs": [],
+    }
+    for k in ks:
+        entry = {"k": k}
+        for name, results in runs[k].items():
+            tps = [max_new_tokens / r["seconds"] for r in results]
+            entry[f"{name}_tokens_per_second"] = statistics.median(tps)
+            entry[f"{name}_tokens_per_second_spread"] = _spread(tps)
+            entry[f"{name}_speedup"] = statistics.median(
+                b["seconds"] / r["seconds"] for b, r in zip(baseline, results))
+            entry[f"{name}_identical_outputs"] = all(
+                torch.equal(b["sequences"].cpu(), r["sequences"].cpu()) for b, r in zip(baseline, results))
+        stats = [r["stats"] for r in runs[k]["speculative"]]
+        drafted = sum(s.drafted_tokens for s in stats)
+        acceptance = sum(s.accepted_tokens for s in stats) / drafted if drafted else 0.0
+        histogram = [sum(s.accepted_histogram[j] for s in stats) for j in range(k + 1)]
+        entry |= {
+            "acceptance_rate": acceptance,
+            "tokens_per_target_pass": sum(s.new_tokens for s in stats) / sum(s.iterations for s in stats),
+            "accepted_histogram": histogram,
+            "predicted_speedup": roofline.expected_speedup(acceptance, k, costs["cost_ratio"],
+                                                           costs["verify_costs"][k]),
+            "bandwidth_achieved": statistics.median(
+                roofline.bandwidth_achieved(target_bytes, s.target_forward_calls, r["seconds"])
+                + roofline.bandwidth_achieved(draft_bytes, s.draft_forward_calls, r["seconds"])
+                for s, r in zip(stats, runs[k]["speculative"])),
+            "time_split_seconds": {part: statistics.median(getattr(s, f"{part}_seconds") for s in stats)
+                                   for part in ("prefill", "draft", "verify", "bookkeeping")},
+        }
+        summary["configs"].append(entry)
+    best = max(summary["configs"], key=lambda c: c["speculative_speedup"])
+    summary["best_k"] = best["k"]
+    return summary
+
+
+def _spread(values: list[float]) -> list[float]:
+    """The interquartile range [q1, q3]."""
+    if len(values) < 2:
+        return [values[0], values[0]]
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return [q1, q3]
+
+
+def plot(summary: dict, path: str) -> None:
+    """Measured vs predicted speedup over k, and the accepted-per-iteration histogram at the best k."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = summary["configs"]
+    ks = [c["k"] for c in configs]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.plot(ks, [c["speculative_speedup"] for c in configs], "o-", label="specdec_ref (measured)")
+    left.plot(ks, [c["predicted_speedup"] for c in configs], "s--", label="predicted from measured a, c, v(k)")
+    if "hf_assisted_speedup" in configs[0]:
+        left.plot(ks, [c["hf_assisted_speedup"] for c in configs], "^-", label="transformers assisted (measured)")
+    left.axhline(1.0, color="grey", lw=1, label="baseline (break-even)")
+    left.set(xlabel="k (draft tokens per iteration)", ylabel="speedup over the baseline",
+             title=f"{summary['prompts']} prompts, {summary['max_new_tokens']} new tokens")
+    left.legend()
+    best = next(c for c in configs if c["k"] == summary["best_k"])
+    right.bar(range(len(best["accepted_histogram"])), best["accepted_histogram"])
+    right.set(xlabel="drafts accepted in the iteration", ylabel="iterations",
+              title=f"k = {best['k']}: acceptance {best['acceptance_rate']:.2f}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

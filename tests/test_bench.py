@@ -1,0 +1,68 @@
+"""The benchmark harness and CLI, on small random models saved to disk and loaded back."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import build, noisy_copy
+from specdec_ref import bench
+
+PROMPTS = ["def decode(self, s):\n    ", "class JSONDecoder(object):\n", "    return  x + 123  # naïve\n"]
+
+
+@pytest.fixture(scope="module")
+def saved_models(tmp_path_factory, tokenizer_a, tokenizer_b):
+    """target / same-tokenizer draft / cross-tokenizer draft, saved with their tokenizers."""
+    root = tmp_path_factory.mktemp("models")
+    target = build("llama", 64, 2, seed=0)
+    models = {"target": (target, tokenizer_a), "draft": (noisy_copy(target, 0.05, seed=1), tokenizer_a),
+              "draft-xtok": (build("llama", 32, 1, seed=5, vocab=tokenizer_b.vocab_size), tokenizer_b)}
+    for name, (model, tokenizer) in models.items():
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return {name: str(root / name) for name in models}
+
+
+@pytest.mark.parametrize("draft", ["draft", "draft-xtok"])
+def test_run_reports_every_method_and_checks_outputs(saved_models, draft, tmp_path):
+    pair = bench.load_pair(saved_models["target"], saved_models[draft])
+    assert pair.cross_tokenizer == (draft == "draft-xtok")
+    summary = bench.run(pair, PROMPTS, ks=[1, 3], max_new_tokens=16, progress=False)
+    assert summary["prompts"] == 3 and [c["k"] for c in summary["configs"]] == [1, 3]
+    assert summary["baseline"]["tokens_per_second"] > 0 and summary["baseline"]["bandwidth_achieved"] > 0
+    for config in summary["configs"]:
+        assert config["speculative_identical_outputs"] is True
+        assert config["hf_assisted_identical_outputs"] is True
+        assert 0 <= config["acceptance_rate"] <= 1
+        assert len(config["accepted_histogram"]) == config["k"] + 1
+        assert config["predicted_speedup"] > 0 and config["speculative_speedup"] > 0
+        assert set(config["time_split_seconds"]) == {"prefill", "draft", "verify", "bookkeeping"}
+    costs = summary["cost_model"]
+    assert costs["cost_ratio"] > 0 and set(costs["verify_costs"]) == {1, 3}
+    json.dumps(summary)  # JSON-ready
+    bench.plot(summary, str(tmp_path / "bench.png"))
+    assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_writes_json_and_plot(saved_models, tmp_path):
+    env = os.environ | {"HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "specdec_ref", "bench", "--target", saved_models["target"], "--draft",
+         saved_models["draft"], "--k", "2", "--prompts", "2", "--max-new-tokens", "8", "--no-hf",
+         "--json", str(tmp_path / "out.json"), "--plot", str(tmp_path / "out.png")],
+        capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "out.json").read_text())
+    assert summary["configs"][0]["k"] == 2 and "hf_assisted_speedup" not in summary["configs"][0]
+    assert (tmp_path / "out.png").exists()
+    assert "identical True" in result.stdout
+
+
+def test_cli_rejects_bad_k(saved_models):
+    result = subprocess.run([sys.executable, "-m", "specdec_ref", "bench", "--target", saved_models["target"],
+                             "--draft", saved_models["draft"], "--k", "0,2"], capture_output=True, text=True)
+    assert result.returncode != 0 and "every k must be >= 1" in result.stderr
