@@ -103,8 +103,12 @@ def run_bench(args: argparse.Namespace) -> None:
     if any(k < 1 for k in ks):
         sys.exit(f"error: every k must be >= 1 (got {args.k})")
     pair = bench.load_pair(args.target, args.draft, device=args.device, dtype=DTYPES[args.dtype])
-    summary = bench.run(pair, _prompts(args.prompts), ks, args.max_new_tokens, hf_assisted=not args.no_hf)
-    summary |= {"target": args.target, "draft": args.draft, "device": args.device, "dtype": args.dtype}
+    prompts = _prompts(args.prompts)
+    if args.repeat_prompts:
+        prompts = bench.repetition_prompts(prompts)
+    summary = bench.run(pair, prompts, ks, args.max_new_tokens, hf_assisted=not args.no_hf)
+    summary |= {"target": args.target, "draft": args.draft, "device": args.device, "dtype": args.dtype,
+                "repeat_prompts": args.repeat_prompts}
     for c in summary["configs"]:
         hf = f"  hf {c['hf_assisted_speedup']:.2f}x" if "hf_assisted_speedup" in c else ""
         print(f"k={c['k']:2d}  speedup {c['speculative_speedup']:.2f}x (predicted {c['predicted_speedup']:.2f}x)"
@@ -147,12 +151,14 @@ def main(argv: list[str] | None = None) -> None:
 
     p = sub.add_parser("bench", help="baseline vs speculative vs transformers over a k sweep")
     p.add_argument("--target", default="zoo:target")
-    p.add_argument("--draft", default="zoo:draft")
+    p.add_argument("--draft", default="zoo:draft", help='a model name, or "ngram" for prompt lookup')
     p.add_argument("--k", default="1,2,3,4,6,8", help="comma-separated draft lengths")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--prompts", type=int, default=20, help="number of held-out prompts")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--repeat-prompts", action="store_true",
+                   help="prompts whose continuation repeats earlier text (where prompt lookup shines)")
     p.add_argument("--json")
     p.add_argument("--plot")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")

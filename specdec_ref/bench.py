@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from . import roofline
 from .baseline import autoregressive_generate
+from .ngram import PromptLookupDrafter
 from .inputs import clock
 from .speculative import speculative_generate
 from .tokenizer_compat import compare_tokenizers
@@ -22,16 +23,22 @@ from .tokenizer_compat import compare_tokenizers
 
 @dataclass
 class Pair:
-    """A target, a draft and their tokenizers; ``cross_tokenizer`` when ids are not shared."""
+    """A target and what drafts for it: a draft model with its tokenizer, or prompt lookup
+    (``draft`` a :class:`PromptLookupDrafter`, ``draft_tokenizer`` None)."""
 
     target: torch.nn.Module
-    draft: torch.nn.Module
+    draft: torch.nn.Module | PromptLookupDrafter
     target_tokenizer: object
-    draft_tokenizer: object
+    draft_tokenizer: object | None
     cross_tokenizer: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        self.cross_tokenizer = not compare_tokenizers(self.target_tokenizer, self.draft_tokenizer).native_ok
+        self.cross_tokenizer = self.draft_tokenizer is not None and not compare_tokenizers(
+            self.target_tokenizer, self.draft_tokenizer).native_ok
+
+    @property
+    def prompt_lookup(self) -> bool:
+        return isinstance(self.draft, PromptLookupDrafter)
 
     @property
     def tokenizer_kwargs(self) -> dict:
@@ -42,16 +49,30 @@ class Pair:
 
 
 def load_pair(target: str, draft: str, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Pair:
-    """Load a pair by zoo name (``zoo:target``), local path or Hub id."""
+    """Load a pair by zoo name (``zoo:target``), local path or Hub id; ``draft="ngram"`` is prompt lookup."""
     from . import zoo
 
     target_model, target_tokenizer = zoo.load(target, dtype=dtype, device=device)
+    if draft == "ngram":
+        return Pair(target_model, PromptLookupDrafter(), target_tokenizer, None)
     draft_model, draft_tokenizer = zoo.load(draft, dtype=dtype, device=device)
     return Pair(target_model, draft_model, target_tokenizer, draft_tokenizer)
 
 
+def repetition_prompts(prompts: Sequence[str]) -> list[str]:
+    """Prompts whose continuation repeats earlier text: each snippet, then the start of it again
+    (the shape of "edit or continue the code above"), where prompt lookup shines."""
+    return [f"{p}\n\n{p[: len(p) // 2]}" for p in prompts]
+
+
 def hf_assisted_generate(pair: Pair, input_ids: torch.LongTensor, k: int, max_new_tokens: int) -> torch.LongTensor:
-    """transformers' assisted generation at a constant k (no adaptive schedule, no early stop)."""
+    """transformers' assisted generation at a constant k (no adaptive schedule, no early stop),
+    or its prompt lookup decoding for an n-gram pair."""
+    common = dict(attention_mask=torch.ones_like(input_ids), do_sample=False, max_new_tokens=max_new_tokens,
+                  eos_token_id=[], pad_token_id=pair.target_tokenizer.pad_token_id)
+    if pair.prompt_lookup:
+        return pair.target.generate(input_ids, prompt_lookup_num_tokens=k,
+                                    max_matching_ngram_size=pair.draft.max_ngram, **common)
     config = pair.draft.generation_config
     saved = (config.num_assistant_tokens, config.num_assistant_tokens_schedule, config.assistant_confidence_threshold)
     config.num_assistant_tokens, config.num_assistant_tokens_schedule = k, "constant"
@@ -59,9 +80,7 @@ def hf_assisted_generate(pair: Pair, input_ids: torch.LongTensor, k: int, max_ne
     try:
         extra = {"tokenizer": pair.target_tokenizer, "assistant_tokenizer": pair.draft_tokenizer} \
             if pair.cross_tokenizer else {}
-        return pair.target.generate(input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=pair.draft,
-                                    do_sample=False, max_new_tokens=max_new_tokens,
-                                    eos_token_id=[], pad_token_id=pair.target_tokenizer.pad_token_id, **extra)
+        return pair.target.generate(input_ids, assistant_model=pair.draft, **common, **extra)
     finally:
         (config.num_assistant_tokens, config.num_assistant_tokens_schedule,
          config.assistant_confidence_threshold) = saved
@@ -76,7 +95,7 @@ def _timed(fn, now):
 def cost_model(pair: Pair, context: int, ks: Sequence[int]) -> dict:
     """Measured draft cost ratio c and verify costs v(k) (k + 1 tokens, in 1-token target passes)."""
     one = roofline.measure_forward_seconds(pair.target, context, 1)
-    draft_one = roofline.measure_forward_seconds(pair.draft, context, 1)
+    draft_one = 0.0 if pair.prompt_lookup else roofline.measure_forward_seconds(pair.draft, context, 1)
     return {
         "target_forward_seconds": one,
         "draft_forward_seconds": draft_one,
@@ -118,7 +137,8 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
 
     context = int(statistics.median(ids.shape[1] for ids in encoded)) + max_new_tokens // 2
     costs = cost_model(pair, context, ks)
-    target_bytes, draft_bytes = roofline.weight_bytes(pair.target), roofline.weight_bytes(pair.draft)
+    target_bytes = roofline.weight_bytes(pair.target)
+    draft_bytes = 0.0 if pair.prompt_lookup else roofline.weight_bytes(pair.draft)
     base_tps = [max_new_tokens / r["seconds"] for r in baseline]
     summary = {
         "max_new_tokens": max_new_tokens,
