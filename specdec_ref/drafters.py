@@ -48,10 +48,16 @@ class Drafter(Protocol):
 
 
 class ModelDrafter:
-    """Drafts autoregressively with a small causal LM that shares the target's tokenizer."""
+    """Drafts autoregressively with a small causal LM that shares the target's tokenizer.
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    ``vocab_size``: the target's logits width, when the draft's embedding matrix is padded
+    to another size (same tokenizer, e.g. Qwen2.5 0.5B vs 7B): draft logits are cut or
+    padded to it so draft and target distributions line up.
+    """
+
+    def __init__(self, model: torch.nn.Module, vocab_size: int | None = None) -> None:
         self.model = model
+        self.vocab_size = vocab_size
         self.cache = new_cache(model)
 
     def start(self, prompt: torch.LongTensor, max_new_tokens: int) -> None:
@@ -61,7 +67,7 @@ class ModelDrafter:
     def propose(self, tokens: torch.LongTensor, max_tokens: int, sampler: Sampler) -> Proposal:
         # Feed what the draft has not read yet: the prompt at first, then the target's last token(s).
         pending = tokens[self.cache.get_seq_length():]
-        drafts, probs = draft_autoregressive(self.model, self.cache, pending, max_tokens, sampler)
+        drafts, probs = draft_autoregressive(self.model, self.cache, pending, max_tokens, sampler, self.vocab_size)
         return Proposal(drafts, probs, forward_calls=max_tokens)
 
     def update(self, tokens: torch.LongTensor, num_accepted: int) -> None:
@@ -71,18 +77,23 @@ class ModelDrafter:
 
 
 def draft_autoregressive(
-    model: torch.nn.Module, cache, pending: torch.LongTensor, num_tokens: int, sampler: Sampler
+    model: torch.nn.Module, cache, pending: torch.LongTensor, num_tokens: int, sampler: Sampler,
+    vocab_size: int | None = None,
 ) -> tuple[torch.LongTensor, torch.Tensor | None]:
     """Run ``model`` for ``num_tokens`` steps from ``pending`` (ids its cache has not read).
 
     Returns the drafted ids [n] and, when sampling, the distributions they came from [n, V].
     The last drafted token is not fed: the cache ends one token short, as the loop expects.
+    ``vocab_size`` cuts or pads (with -inf) the logits to that width.
     """
     drafts = torch.empty(num_tokens, dtype=torch.long, device=model.device)
     probs = []
     pending = pending.to(model.device)
     for i in range(num_tokens):
         logits = model(pending[None], past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+        if vocab_size is not None and vocab_size != logits.shape[-1]:
+            logits = torch.nn.functional.pad(logits[:vocab_size], (0, max(0, vocab_size - logits.shape[-1])),
+                                             value=float("-inf"))
         if sampler.greedy:
             drafts[i] = logits.argmax()
         else:

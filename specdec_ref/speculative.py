@@ -35,12 +35,15 @@ def as_drafter(draft: object, target: torch.nn.Module, target_tokenizer=None, dr
     if target_tokenizer is not None:
         if not compare_tokenizers(target_tokenizer, draft_tokenizer).native_ok:
             return CrossTokenizerDrafter(draft, draft_tokenizer, target_tokenizer)
+        # Same tokenizer: embedding matrices may still be padded to different sizes.
+        return ModelDrafter(draft, vocab_size=target.config.vocab_size)
     draft_vocab, target_vocab = draft.config.vocab_size, target.config.vocab_size
     if draft_vocab != target_vocab:
         raise ValueError(
             f"the draft and target vocabularies differ ({draft_vocab} vs {target_vocab} tokens), so draft "
-            "token ids mean different text to the target and cannot be verified directly. Pass "
-            "target_tokenizer= and draft_tokenizer= to use the cross-tokenizer (UAG) path."
+            "token ids may mean different text to the target and cannot be verified directly. Pass "
+            "target_tokenizer= and draft_tokenizer=: the same tokenizer with padded embeddings takes the "
+            "native path, different tokenizers the cross-tokenizer (UAG) path."
         )
     return ModelDrafter(draft)
 

@@ -192,3 +192,16 @@ def test_lossy_tokenizer_is_refused(target, tokenizer_a):
     other = build("llama", 32, 1, seed=5, vocab=320)
     with pytest.raises(ValueError, match="does not reproduce text through encode -> decode"):
         speculative_generate(target, other, prompt(5), target_tokenizer=tokenizer_a, draft_tokenizer=lossy)
+
+
+def test_padded_draft_vocabulary_with_the_same_tokenizer_stays_native(target, tokenizer_a):
+    """Same tokenizer, embeddings padded to another size (as in Qwen2.5 0.5B vs 7B)."""
+    padded_draft = build("llama", 32, 1, seed=5, vocab=400)
+    ids = text_prompt(tokenizer_a)
+    for do_sample in (False, True):
+        out = speculative_generate(target, padded_draft, ids, max_new_tokens=24, num_draft_tokens=3,
+                                   do_sample=do_sample, generator=torch.Generator().manual_seed(0),
+                                   target_tokenizer=tokenizer_a, draft_tokenizer=tokenizer_a)
+        assert out.stats.draft_breakdown == {}  # the native path: no text round trips
+        if not do_sample:
+            assert torch.equal(out.sequences, reference(target, ids, 24))
