@@ -105,6 +105,8 @@ def speculative_step(
     proposal = drafter.propose(tokens[:length], max_drafts, sampler)
     drafts = proposal.tokens.to(tokens.device)
     n = drafts.numel()
+    if n > max_drafts:
+        raise ValueError(f"{type(drafter).__name__}.propose returned {n} tokens; it was asked for at most {max_drafts}")
     tokens[length : length + n] = drafts
     t1 = now()
 

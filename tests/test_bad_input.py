@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import build, prompt
-from specdec_ref import autoregressive_generate, speculative_generate
+from specdec_ref import Proposal, autoregressive_generate, speculative_generate
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +117,21 @@ def test_errors_leave_models_and_inputs_untouched(models):
     assert torch.equal(ids, ids_copy)
     assert all(torch.equal(p, weights[name]) for name, p in target.named_parameters())
     assert torch.equal(speculative_generate(target, draft, ids, max_new_tokens=20).sequences, before)
+
+
+class OvershootingDrafter:
+    """A drafter that ignores its budget (a bug the loop must catch, not overflow on)."""
+
+    def start(self, prompt, max_new_tokens):
+        pass
+
+    def propose(self, tokens, max_tokens, sampler):
+        return Proposal(torch.full((max_tokens + 2,), 5))
+
+    def update(self, tokens, num_accepted):
+        pass
+
+
+def test_a_drafter_that_overshoots_its_budget(models):
+    with pytest.raises(ValueError, match="OvershootingDrafter.propose returned 6 tokens; it was asked for at most 4"):
+        speculative(models, draft=OvershootingDrafter(), num_draft_tokens=4, max_new_tokens=20)

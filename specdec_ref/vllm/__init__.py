@@ -20,7 +20,7 @@ virtual environment (``launcher``).
 from .client import Completion, OpenAIClient, VLLMClientError, iter_sse_data
 from .command import SPECULATIVE_METHODS, resolve_model, serve_command, speculative_config
 from .metrics import PrometheusSample, SpecDecodeMetrics, parse_prometheus_text
-from .server import VLLMServer, VLLMServerError, port_in_use, process_group_members
+from .server import VLLMServer, VLLMServerError, cpu_env, port_in_use, process_group_members, venv_launcher
 
 __all__ = [
     "SPECULATIVE_METHODS",
@@ -31,6 +31,7 @@ __all__ = [
     "VLLMClientError",
     "VLLMServer",
     "VLLMServerError",
+    "cpu_env",
     "iter_sse_data",
     "parse_prometheus_text",
     "port_in_use",
@@ -38,4 +39,5 @@ __all__ = [
     "resolve_model",
     "serve_command",
     "speculative_config",
+    "venv_launcher",
 ]

