@@ -1,0 +1,121 @@
+"""The course model zoo: small Llama models trained by this project, shipped in ``zoo/``.
+
+Names (use them as ``"zoo:<name>"`` anywhere a model is expected):
+
+- ``target``      ~23M-parameter Llama, tokenizer A
+- ``draft``       ~1.5M, tokenizer A, distilled from ``target``
+- ``draft-xtok``  ~1.4M, tokenizer B (different vocabulary and merges)
+- ``target-chat`` / ``draft-chat``: the weights of ``target`` / ``draft`` with
+  tokenizer A plus a chat template (each a different one); nothing else differs.
+
+One resolver serves every entry point: ``resolve("zoo:target")`` gives the local
+folder, a local path is returned as is, and anything else is passed on unchanged as
+a Hugging Face Hub id, so the same code runs a Hub checkpoint where a network exists.
+Chat variants keep their tokenizer in a separate folder (no duplicated weights), so
+ask ``resolve_tokenizer`` for the tokenizer path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+ZOO_DIR = Path(__file__).resolve().parents[2] / "zoo"
+PREFIX = "zoo:"
+
+# name -> (weights folder, tokenizer folder), relative to the zoo folder
+_ENTRIES: dict[str, tuple[str, str]] = {
+    "target": ("target", "target"),
+    "draft": ("draft", "draft"),
+    "draft-xtok": ("draft-xtok", "draft-xtok"),
+    "target-chat": ("target", "chat/target-chat"),
+    "draft-chat": ("draft", "chat/draft-chat"),
+}
+NAMES: tuple[str, ...] = tuple(_ENTRIES)
+REBUILD = "python -m specdec_ref.zoo.train --out zoo --budget full"
+
+
+def _entry(name: str) -> tuple[str, str] | None:
+    """The zoo entry for ``"zoo:<name>"``; None when ``name`` is not a zoo name."""
+    if not name.startswith(PREFIX):
+        return None
+    key = name[len(PREFIX):]
+    if key not in _ENTRIES:
+        raise ValueError(f"unknown zoo model {name!r}; valid names: "
+                         + ", ".join(PREFIX + n for n in NAMES))
+    return _ENTRIES[key]
+
+
+def _zoo_path(rel: str, zoo_dir: Path, needed: str) -> str:
+    path = zoo_dir / rel
+    if not (path / needed).is_file():
+        raise FileNotFoundError(f"zoo files missing: {path / needed}. Rebuild the zoo with "
+                                f"`{REBUILD}` (about 2 hours on 2 CPU cores) or restore it from git.")
+    return str(path)
+
+
+def resolve(name_or_path: str, zoo_dir: Path = ZOO_DIR) -> str:
+    """Model location for ``from_pretrained``: a zoo folder, a local path, or a Hub id."""
+    entry = _entry(str(name_or_path))
+    if entry is not None:
+        return _zoo_path(entry[0], zoo_dir, "model.safetensors")
+    return str(name_or_path)  # an existing local path or a Hub id: from_pretrained decides
+
+
+def resolve_tokenizer(name_or_path: str, zoo_dir: Path = ZOO_DIR) -> str:
+    """Tokenizer location; differs from ``resolve`` only for the chat variants."""
+    entry = _entry(str(name_or_path))
+    if entry is not None:
+        return _zoo_path(entry[1], zoo_dir, "tokenizer.json")
+    return str(name_or_path)
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify(folder: str | Path, zoo_dir: Path = ZOO_DIR) -> None:
+    """Check every file of a zoo folder against ``manifest.json``; raise on mismatch.
+
+    Weights are committed binaries that git LFS, a partial checkout or an editor can
+    corrupt silently; a checksum error is far clearer than garbage generations.
+    """
+    manifest = json.loads((zoo_dir / "manifest.json").read_text())["files"]
+    rel = Path(folder).resolve().relative_to(zoo_dir.resolve()).as_posix()
+    listed = {f: h for f, h in manifest.items() if f.rsplit("/", 1)[0] == rel}
+    if not listed:
+        raise FileNotFoundError(f"{rel} is not listed in {zoo_dir / 'manifest.json'}")
+    for file, expected in listed.items():
+        actual = sha256_file(zoo_dir / file)
+        if actual != expected:
+            raise RuntimeError(f"checksum mismatch for {zoo_dir / file}: expected {expected}, "
+                               f"got {actual}. The file is corrupt or was modified; restore it "
+                               f"from git or rebuild with `{REBUILD}`.")
+
+
+def load_tokenizer(name: str, zoo_dir: Path = ZOO_DIR) -> PreTrainedTokenizerBase:
+    """Tokenizer of a zoo name (checksummed), a local path or a Hub id."""
+    path = resolve_tokenizer(name, zoo_dir)
+    if name.startswith(PREFIX):
+        verify(path, zoo_dir)
+    return AutoTokenizer.from_pretrained(path)
+
+
+def load(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
+         zoo_dir: Path = ZOO_DIR) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """``(model, tokenizer)`` in eval mode. Zoo weights are stored in bfloat16 and
+    upcast to ``dtype`` (float32 by default: bf16 matmuls are slow on most CPUs)."""
+    path = resolve(name, zoo_dir)
+    if name.startswith(PREFIX):
+        verify(path, zoo_dir)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    return model, load_tokenizer(name, zoo_dir)

@@ -1,0 +1,194 @@
+"""Training corpus for the course zoo: the Python standard library's own sources.
+
+Everything comes from the interpreter that runs this code (no download), so the
+corpus is reproducible on any machine with the same Python version; its sha256 is
+recorded in the zoo manifest. Cleaning matters more than size here: the first
+zoo attempt trained on raw stdlib sources and learnt to loop on codec tables and
+comment rulers, so generated tables, near-duplicates and rulers are removed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+EOS = "<|endoftext|>"
+
+# Directory names whose files are tests, generated data or vendored tooling.
+_SKIP_DIRS = {
+    "test", "tests", "idle_test", "site-packages", "__pycache__", "encodings",
+    "ensurepip", "pydoc_data", "turtledemo", "lib-dynload",
+}
+_SKIP_FILE_PREFIXES = ("_sysconfigdata", "config-")
+# A "literal line" starts like a table element (quote, digit, bracket, minus) and
+# ends with a comma: dict/tuple/list tables such as html.entities or stringprep.
+_LITERAL_LINE = re.compile(r"""^\s*[-'"(\[{0-9].*,\s*(#.*)?$""")
+# Comment rulers ("#####", "# ----", "#" alone) teach the model to loop.
+_RULER = re.compile(r"^\s*#[\s#=\-*~_.]*$")
+_MIN_BLOCK_CHARS = 120  # shorter repeated blocks (e.g. "return None") are normal code
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A cleaned corpus: ``train`` and ``heldout`` map relative path -> text."""
+
+    train: dict[str, str]
+    heldout: dict[str, str]
+    sha256: str
+
+    def text(self, split: str = "train") -> str:
+        """All documents of a split joined by the end-of-text marker."""
+        docs = self.train if split == "train" else self.heldout
+        return "".join(EOS + docs[k] for k in sorted(docs))
+
+
+def stdlib_dir() -> Path:
+    """The base interpreter's standard library (the same for a venv and its base)."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _is_generated(text: str) -> bool:
+    """True for files dominated by literal tables or very long lines."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return True
+    if max(len(ln) for ln in lines) > 500 or sum(map(len, lines)) / len(lines) > 90:
+        return True
+    literal = sum(1 for ln in lines if _LITERAL_LINE.match(ln))
+    return literal / len(lines) > 0.3
+
+
+def _clean(text: str) -> str:
+    """Drop comment rulers, trailing spaces and runs of blank lines."""
+    out: list[str] = []
+    for line in text.splitlines():
+        line = line.rstrip()
+        if _RULER.match(line):
+            continue
+        if not line and out and not out[-1]:
+            continue
+        out.append(line)
+    return "\n".join(out).strip("\n") + "\n"
+
+
+def _dedup_blocks(docs: dict[str, str]) -> dict[str, str]:
+    """Remove blank-line separated blocks already seen in an earlier file.
+
+    License headers, copied helper functions and boilerplate recur across the
+    stdlib; keeping one copy stops the model from over-weighting them.
+    """
+    seen: set[str] = set()
+    out: dict[str, str] = {}
+    for name in sorted(docs):
+        kept = []
+        for block in docs[name].split("\n\n"):
+            key = re.sub(r"\s+", " ", block).strip()
+            if len(key) >= _MIN_BLOCK_CHARS:
+                if key in seen:
+                    continue
+                seen.add(key)
+            kept.append(block)
+        text = "\n\n".join(kept).strip("\n") + "\n"
+        if len(text) > 200:
+            out[name] = text
+    return out
+
+
+def source_files(root: Path | None = None) -> list[Path]:
+    """The stdlib ``.py`` files the corpus may use, sorted (tests and data excluded)."""
+    root = root or stdlib_dir()
+    files = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if any(part in _SKIP_DIRS for part in rel.parts[:-1]):
+            continue
+        if rel.name.startswith(_SKIP_FILE_PREFIXES) or rel.parts[0].startswith("config-"):
+            continue
+        files.append(path)
+    return files
+
+
+def build_corpus(max_files: int | None = None, heldout_frac: float = 0.03, seed: int = 0) -> Corpus:
+    """Read, filter, clean and deduplicate the stdlib; split held-out files by seed.
+
+    ``max_files`` keeps only the first files (sorted) for tiny smoke-test builds.
+    """
+    root = stdlib_dir()
+    docs: dict[str, str] = {}
+    hashes: set[str] = set()
+    for path in source_files(root)[:max_files]:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        if _is_generated(text):
+            continue
+        text = _clean(text)
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        if digest in hashes:  # identical files (e.g. copies kept for compatibility)
+            continue
+        hashes.add(digest)
+        docs[path.relative_to(root).as_posix()] = text
+    docs = _dedup_blocks(docs)
+
+    names = sorted(docs)
+    n_held = max(1, round(heldout_frac * len(names)))
+    held = set(random.Random(seed).sample(names, n_held))
+    corpus = Corpus(
+        train={k: docs[k] for k in names if k not in held},
+        heldout={k: docs[k] for k in names if k in held},
+        sha256="",
+    )
+    digest = hashlib.sha256((corpus.text("train") + corpus.text("heldout")).encode()).hexdigest()
+    return Corpus(corpus.train, corpus.heldout, digest)
+
+
+def _prompt_from(lines: list[str], start: int, min_chars: int, max_chars: int) -> str | None:
+    """Whole lines from ``start`` until ``min_chars`` is reached at a safe stopping point.
+
+    A safe point is the end of a statement (brackets closed, no continuation, not a
+    comment), so the continuation is open-ended code rather than the rest of an
+    import list or table, which would invite the model to repeat itself.
+    """
+    depth = 0
+    for end in range(start, len(lines)):
+        line = lines[end]
+        depth += sum(line.count(c) for c in "([{") - sum(line.count(c) for c in ")]}")
+        text = "\n".join(lines[start:end + 1])
+        if len(text) > max_chars:
+            return None
+        stripped = line.strip()
+        safe = (depth == 0 and stripped and not stripped.startswith(("#", "@"))
+                and not stripped.endswith(("\\", ",")) and '"""' not in stripped
+                and "'''" not in stripped)
+        if len(text) >= min_chars and safe:
+            return text
+    return None
+
+
+def heldout_prompts(n: int = 32, corpus: Corpus | None = None, seed: int = 0,
+                    min_chars: int = 100, max_chars: int = 400) -> list[str]:
+    """``n`` evaluation prompts: openings of held-out functions and classes.
+
+    Each prompt starts at a ``def``/``class`` line of a held-out file and ends with a
+    complete statement, 100-400 characters long, *without* its final line break:
+    tokenizer A glues a newline to the next line's indentation ("\\n        "), so a
+    prompt ending in a lone "\\n" token tells the model the next line is not indented
+    and it abandons the function it was given.
+    """
+    corpus = corpus or build_corpus()
+    candidates = []
+    for name in sorted(corpus.heldout):
+        lines = corpus.heldout[name].splitlines()
+        for i, line in enumerate(lines):
+            if re.match(r"\s*(async\s+)?(def|class)\s", line):
+                prompt = _prompt_from(lines, i, min_chars, max_chars)
+                if prompt:
+                    candidates.append(prompt)
+    if len(candidates) < n:
+        raise ValueError(f"only {len(candidates)} held-out prompts available, asked for {n}")
+    return random.Random(seed).sample(candidates, n)

@@ -1,0 +1,130 @@
+"""The course model zoo: the training recipe, the resolver/loader, and the shipped models."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from specdec_ref.zoo import NAMES, ZOO_DIR, load, load_tokenizer, resolve, resolve_tokenizer
+from specdec_ref.zoo.corpus import build_corpus, heldout_prompts
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_zoo(tmp_path_factory) -> Path:
+    """The full recipe, run as a user would, on the tiny budget (a few steps, tiny sizes)."""
+    out = tmp_path_factory.mktemp("zoo") / "zoo"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-m", "specdec_ref.zoo.train", "--out", str(out), "--budget", "tiny"],
+                   cwd=REPO, env=env, check=True, timeout=300)
+    return out
+
+
+@pytest.mark.slow
+def test_tiny_recipe_output_loads_with_transformers(tiny_zoo: Path) -> None:
+    for name in ("target", "draft", "draft-xtok"):
+        model = AutoModelForCausalLM.from_pretrained(tiny_zoo / name)
+        tok = AutoTokenizer.from_pretrained(tiny_zoo / name)
+        ids = tok("def f(x):\n    return x\n", return_tensors="pt").input_ids
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False)
+        assert out.shape[1] == ids.shape[1] + 3 or tok.eos_token_id in out[0].tolist()
+        assert model.config.eos_token_id == tok.eos_token_id == tok.convert_tokens_to_ids("<|endoftext|>")
+        assert model.generation_config.pad_token_id == tok.pad_token_id
+    info = json.loads((tiny_zoo / "manifest.json").read_text())
+    assert info["target"]["steps"] == 4 and info["draft"]["steps"] == 3
+    assert len(info["corpus"]["sha256"]) == 64
+    assert "draft/model.safetensors" in info["files"]
+    assert not any(f.startswith("_work") for f in info["files"])  # checkpoints are not shipped
+
+
+@pytest.mark.slow
+def test_tiny_recipe_output_loads_with_zoo_loader(tiny_zoo: Path) -> None:
+    for name in NAMES:
+        model, tok = load(f"zoo:{name}", zoo_dir=tiny_zoo)
+        assert next(model.parameters()).dtype == torch.float32  # stored bf16, upcast
+        assert not model.training
+        assert tok.eos_token == "<|endoftext|>"
+    model, _ = load("zoo:draft", dtype=torch.bfloat16, zoo_dir=tiny_zoo)
+    assert next(model.parameters()).dtype == torch.bfloat16
+
+
+@pytest.mark.slow
+def test_checksum_mismatch_is_reported(tiny_zoo: Path, tmp_path: Path) -> None:
+    zoo = tmp_path / "zoo"
+    shutil.copytree(tiny_zoo, zoo)
+    weights = zoo / "draft" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # flip bits in the last tensor byte: the file still parses
+    weights.write_bytes(bytes(data))
+    with pytest.raises(RuntimeError, match="checksum mismatch.*draft/model.safetensors"):
+        load("zoo:draft", zoo_dir=zoo)
+    load("zoo:target", zoo_dir=zoo)  # other entries are unaffected
+
+
+def test_resolver(tmp_path: Path) -> None:
+    assert resolve("zoo:target") == str(ZOO_DIR / "target")
+    assert resolve("zoo:target-chat") == str(ZOO_DIR / "target")  # same weights ...
+    assert resolve_tokenizer("zoo:target-chat") == str(ZOO_DIR / "chat" / "target-chat")  # ... own template
+    assert resolve(str(tmp_path)) == str(tmp_path)
+    assert resolve("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"  # Hub ids pass through unchanged
+    with pytest.raises(ValueError, match="zoo:draft-xtok"):  # the message lists the valid names
+        resolve("zoo:nope")
+    with pytest.raises(FileNotFoundError, match="specdec_ref.zoo.train"):  # says how to rebuild
+        resolve("zoo:target", zoo_dir=tmp_path)
+    with pytest.raises(FileNotFoundError):
+        load_tokenizer("zoo:draft-chat", zoo_dir=tmp_path)
+
+
+def test_corpus_is_deterministic_and_split_by_file() -> None:
+    a, b = build_corpus(), build_corpus()
+    assert a.sha256 == b.sha256
+    assert not set(a.train) & set(a.heldout)
+    assert not any("/test/" in f"/{name}" or name.startswith("encodings/") for name in a.train)
+    prompts = heldout_prompts(20, a)
+    assert prompts == heldout_prompts(20, b)
+    assert all(100 <= len(p) <= 400 and not p.endswith("\n") for p in prompts)
+    held_text = "".join(a.heldout.values())
+    assert all(p in held_text for p in prompts)
+
+
+def test_shipped_zoo_has_declared_properties() -> None:
+    models = {name: load(f"zoo:{name}") for name in NAMES}
+    params = {name: sum(p.numel() for p in m.parameters()) for name, (m, _) in models.items()}
+    assert 20e6 <= params["target"] <= 60e6
+    assert params["draft"] <= params["target"] / 15
+    assert params["draft-xtok"] <= params["target"] / 15
+    for model, _ in models.values():
+        cfg = model.config
+        assert cfg.model_type == "llama"
+        assert cfg.hidden_size // cfg.num_attention_heads >= 32  # vLLM CPU attention needs it
+
+    tok_t, tok_d, tok_x = (models[n][1] for n in ("target", "draft", "draft-xtok"))
+    assert tok_t.get_vocab() == tok_d.get_vocab()
+    assert models["target"][0].config.vocab_size == models["draft"][0].config.vocab_size
+    assert len(tok_x) != len(tok_t)
+    assert tok_x.tokenize("    return x\n") != tok_t.tokenize("    return x\n")
+
+    # Chat variants: the same weights, tokenizers that differ only in chat_template
+    chat_t, chat_d = models["target-chat"][1], models["draft-chat"][1]
+    for chat in (chat_t, chat_d):
+        assert chat.backend_tokenizer.to_str() == tok_t.backend_tokenizer.to_str()
+        assert chat.special_tokens_map == tok_t.special_tokens_map
+    assert tok_t.chat_template is None
+    assert chat_t.chat_template and chat_d.chat_template and chat_t.chat_template != chat_d.chat_template
+    msgs = [{"role": "user", "content": "hi"}]
+    assert chat_t.apply_chat_template(msgs, tokenize=False) != chat_d.apply_chat_template(msgs, tokenize=False)
+    assert resolve("zoo:draft-chat") == resolve("zoo:draft")
+    for (a, _), (b, _) in ((models["target"], models["target-chat"]), (models["draft"], models["draft-chat"])):
+        assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+    weight_bytes = sum(f.stat().st_size for f in ZOO_DIR.rglob("*.safetensors"))
+    assert weight_bytes <= 60e6
