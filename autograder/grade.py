@@ -24,12 +24,17 @@ CONFIG = HERE / "nbgrader_config.py"
 
 def nbgrader(work: Path, *args: str) -> subprocess.CompletedProcess:
     """Run one nbgrader command on the work course folder, with this course's config."""
+    work.mkdir(parents=True, exist_ok=True)
+    # nbgrader reads nbgrader_config.py from the course root: the work folder's one loads the
+    # course's and moves everything that gets written (release, gradebook...) into the work folder.
+    (work / "nbgrader_config.py").write_text(
+        f"c = get_config()\nload_subconfig({str(CONFIG)!r})\n"
+        f"c.CourseDirectory.root = {str(work)!r}\n"
+        f"c.CourseDirectory.release_directory = {str(work / 'release')!r}\n")
     # nbgrader runs alembic as a subprocess: the environment's bin/ must be on PATH.
     env_bin = str(Path(sys.executable).parent)
-    command = [str(Path(env_bin) / "nbgrader"), *args, f"--config={CONFIG}",
-               f"--CourseDirectory.root={work}", f"--CourseDirectory.release_directory={work / 'release'}"]
     env = {**os.environ, "PATH": env_bin + os.pathsep + os.environ.get("PATH", "")}
-    return subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)
+    return subprocess.run([str(Path(env_bin) / "nbgrader"), *args], cwd=work, env=env, capture_output=True, text=True)
 
 
 def grade(submitted: Path, assignment: str, work: Path, timeout: int | None = None) -> list[dict]:

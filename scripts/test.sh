@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 bash scripts/setup_env.sh
+# vLLM's CPU build, in its own environment, for the tests against a real server (tests/integration).
+bash scripts/setup_vllm_env.sh
 # nbgrader runs alembic as a subprocess: the environment's bin/ must be on PATH.
 export PATH="$PWD/.venv/bin:$PATH"
 exec .venv/bin/python -m pytest "$@"

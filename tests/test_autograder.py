@@ -34,7 +34,7 @@ def test_committed_exercise_is_the_release_of_the_solution(tmp_path):
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     work = tmp_path_factory.mktemp("grading")
-    rows = grade.grade(ROOT / "autograder" / "samples", ASSIGNMENT, work, timeout=30)
+    rows = grade.grade(ROOT / "autograder" / "samples", ASSIGNMENT, work, timeout=60)
     return work, {row["student_id"]: row for row in rows}
 
 

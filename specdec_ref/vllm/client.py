@@ -161,8 +161,9 @@ class OpenAIClient:
         """Send one completion request and time it.
 
         Args:
-            prompt: text, or token ids (vLLM then skips tokenisation, which
-                makes comparisons with a local model exact).
+            prompt: text, or token ids (a list or a 1-D tensor; vLLM then
+                skips tokenisation, which makes comparisons with a local
+                model exact).
             max_tokens: tokens to generate at most.
             temperature: 0 is greedy decoding.
             stream: stream the answer (needed for time to first token and
@@ -174,7 +175,7 @@ class OpenAIClient:
         """
         payload: dict[str, Any] = {
             "model": model or self.model,
-            "prompt": prompt if isinstance(prompt, str) else list(prompt),
+            "prompt": prompt if isinstance(prompt, str) else [int(token) for token in prompt],
             "max_tokens": max_tokens,
             "temperature": temperature,
             "stream": stream,

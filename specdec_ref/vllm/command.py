@@ -26,6 +26,9 @@ SPECULATIVE_METHODS: dict[str, bool | None] = {
 _MANAGED_FLAGS = {
     "--model", "--host", "--port", "--tensor-parallel-size", "-tp", "--max-model-len",
     "--dtype", "--api-key", "--speculative-config", "-sc", "--tokenizer",
+    # vLLM 0.32's shorthands for keys of --speculative-config: giving a key
+    # both ways is an error there.
+    "--spec-method", "--spec-model", "--spec-tokens",
 }
 # Flags from older vLLM releases and from the course's source text that no
 # longer exist: name the replacement instead of letting vLLM reject them.
@@ -214,8 +217,9 @@ def _check_extra_args(extra_args: Sequence[str]) -> None:
     if isinstance(extra_args, str):
         raise ValueError("extra_args must be a sequence of arguments, not one string")
     for arg in extra_args:
-        # vLLM accepts --flag_name as --flag-name and --flag=value.
-        flag = arg.split("=", 1)[0].replace("_", "-")
+        # vLLM accepts --flag_name as --flag-name, --flag=value, and one key of
+        # a JSON option as --option.key.
+        flag = arg.split("=", 1)[0].split(".", 1)[0].replace("_", "-")
         if flag in _REMOVED_FLAGS:
             raise ValueError(
                 f"{_REMOVED_FLAGS[flag]}: pass method=..., draft=... and "

@@ -77,22 +77,28 @@ def cpu_env(
     venv: str | os.PathLike[str],
     *,
     kv_cache_gib: int = 1,
+    preload_intel_openmp: bool = False,
     base: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """Environment variables for a vllm-cpu server from virtual environment ``venv``.
 
-    Starts from ``base`` (the current environment when None) and sets:
-    ``HF_HUB_OFFLINE=1`` (no downloads; local folders and cached models only),
-    ``VLLM_CPU_KVCACHE_SPACE`` (KV-cache size in GiB, which on CPU is taken
-    from system memory), and ``LD_PRELOAD`` of the Intel OpenMP library the
-    wheel ships, without which vLLM warns that speculative decoding on CPU
-    loses much of its speed.
+    Starts from ``base`` (the current environment when None) and sets
+    ``HF_HUB_OFFLINE=1`` (no downloads: local folders and cached models only)
+    and ``VLLM_CPU_KVCACHE_SPACE`` (the KV cache in GiB, taken from system memory).
+
+    vLLM warns that speculative decoding on CPU is much slower without Intel
+    OpenMP (``libiomp5.so``, shipped in the venv) in ``LD_PRELOAD``.  On 2
+    cores with the course's small models, preloading it made both plain and
+    draft-model decoding slower (720 -> 582 tokens/s with a draft), so it is
+    opt-in: ``preload_intel_openmp=True``.
     """
     env = dict(os.environ if base is None else base)
     env["HF_HUB_OFFLINE"] = "1"
     env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
-    iomp = Path(venv) / "lib" / "libiomp5.so"
-    if iomp.exists():
+    if preload_intel_openmp:
+        iomp = Path(venv) / "lib" / "libiomp5.so"
+        if not iomp.exists():
+            raise FileNotFoundError(f"{iomp} not found: is {venv} a vllm-cpu environment?")
         env["LD_PRELOAD"] = " ".join(filter(None, [str(iomp), env.get("LD_PRELOAD")]))
     return env
 
@@ -154,6 +160,7 @@ class VLLMServer:
         self.health_path = health_path
         self.startup_seconds: float | None = None
         self._process: subprocess.Popen[bytes] | None = None
+        self._stopped = False
 
     @classmethod
     def launch(
@@ -304,6 +311,8 @@ class VLLMServer:
         """
         if self._process is None:
             return None
+        if self._stopped:  # the group id may already belong to someone else
+            return self._process.returncode
         atexit.unregister(self.stop)
         pgid = self._process.pid
         _signal_group(pgid, signal.SIGTERM)
@@ -320,6 +329,7 @@ class VLLMServer:
                 raise VLLMServerError(
                     f"processes {process_group_members(pgid)} of group {pgid} survived SIGKILL"
                 )
+        self._stopped = True
         return self._process.returncode
 
     def __enter__(self) -> VLLMServer:
