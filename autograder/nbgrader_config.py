@@ -8,8 +8,12 @@ writes the student versions to ``exercises/``.
 import sys
 from pathlib import Path
 
+from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+from nbgrader.preprocessors import GetGrades
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # for feedback.HideHiddenTests below
+sys.path.insert(0, str(HERE))
+from feedback import HideHiddenTests  # noqa: E402  (autograder/feedback.py)
 
 c = get_config()  # noqa: F821 (provided by traitlets when it loads this file)
 
@@ -30,8 +34,4 @@ c.Execute.timeout = 120
 c.Execute.interrupt_on_timeout = True
 
 # Feedback must not give the hidden tests away (nbgrader issue #917).
-c.GenerateFeedback.preprocessors = [
-    "nbgrader.preprocessors.GetGrades",
-    "feedback.HideHiddenTests",
-    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
-]
+c.GenerateFeedback.preprocessors = [GetGrades, HideHiddenTests, CSSHTMLHeaderPreprocessor]
