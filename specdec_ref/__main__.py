@@ -82,6 +82,7 @@ def demo(args: argparse.Namespace) -> None:
           f"{result['tokens_per_target_pass']:.2f}")
     print(f"predicted speedup {result['predicted_speedup']:.2f}x from a={result['acceptance_rate']:.2f}, "
           f"c={costs['cost_ratio']:.3f}, verify cost v({args.k})={costs['verify_costs'][args.k]:.2f}; "
+          f"{result['predicted_speedup_from_tau']:.2f}x from the measured tokens per pass; "
           f"measured {result['speculative_speedup']:.2f}x")
     identical = result["speculative_identical_outputs"] and result.get("hf_assisted_identical_outputs", True)
     print(f"outputs identical to the target's greedy decoding: {'yes' if identical else 'NO'}")
@@ -111,7 +112,8 @@ def run_bench(args: argparse.Namespace) -> None:
                 "repeat_prompts": args.repeat_prompts}
     for c in summary["configs"]:
         hf = f"  hf {c['hf_assisted_speedup']:.2f}x" if "hf_assisted_speedup" in c else ""
-        print(f"k={c['k']:2d}  speedup {c['speculative_speedup']:.2f}x (predicted {c['predicted_speedup']:.2f}x)"
+        print(f"k={c['k']:2d}  speedup {c['speculative_speedup']:.2f}x (predicted {c['predicted_speedup']:.2f}x, "
+              f"{c['predicted_speedup_from_tau']:.2f}x from tau)"
               f"{hf}  acceptance {c['acceptance_rate']:.3f}  tau {c['tokens_per_target_pass']:.2f}  "
               f"identical {c['speculative_identical_outputs']}")
     print(f"baseline {summary['baseline']['tokens_per_second']:.1f} tokens/s; best k = {summary['best_k']}")

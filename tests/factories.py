@@ -1,4 +1,4 @@
-"""Shared fixtures: small random-init models of several families, built locally (no downloads)."""
+"""Model, prompt and tokenizer factories shared by the tests (fixtures are re-exported by conftest.py)."""
 from __future__ import annotations
 
 import copy

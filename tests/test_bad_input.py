@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import build, prompt
+from factories import build, prompt
 from specdec_ref import Proposal, autoregressive_generate, speculative_generate
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import build, noisy_copy
+from factories import build, noisy_copy
 from specdec_ref import bench
 
 PROMPTS = ["def decode(self, s):\n    ", "class JSONDecoder(object):\n", "    return  x + 123  # naïve\n"]
@@ -41,6 +41,7 @@ def test_run_reports_every_method_and_checks_outputs(saved_models, draft, tmp_pa
         assert 0 <= config["acceptance_rate"] <= 1
         assert len(config["accepted_histogram"]) == config["k"] + 1
         assert config["predicted_speedup"] > 0 and config["speculative_speedup"] > 0
+        assert config["predicted_speedup_from_tau"] > 0
         assert set(config["time_split_seconds"]) == {"prefill", "draft", "verify", "bookkeeping"}
     costs = summary["cost_model"]
     assert (costs["cost_ratio"] == 0) == (draft == "ngram") and set(costs["verify_costs"]) == {1, 3}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import prompt
+from factories import prompt
 from specdec_ref import autoregressive_generate, speculative_generate
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import build
+from factories import build
 from specdec_ref import roofline
 
 

@@ -13,7 +13,7 @@ import torch
 from scipy.stats import chisquare
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from conftest import build
+from factories import build
 from specdec_ref import Proposal, Sampler, autoregressive_generate, speculative_generate
 
 VOCAB = 8

@@ -7,7 +7,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
 from transformers import PreTrainedTokenizerFast, TextStreamer
 from transformers.generation.streamers import BaseStreamer
 
-from conftest import VOCAB, build, noisy_copy, prompt
+from factories import VOCAB, build, noisy_copy, prompt
 from specdec_ref import autoregressive_generate, speculative_generate
 
 

@@ -9,7 +9,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from conftest import VOCAB, build, prompt, train_tokenizer, training_text
+from factories import VOCAB, build, prompt, train_tokenizer, training_text
 from specdec_ref import CrossTokenizerDrafter, Sampler, compare_tokenizers, speculative_generate
 from specdec_ref.uag import continue_ids, lcs_pairs, text_after
 
