@@ -23,7 +23,6 @@ ends its cosine decay exactly at its deadline.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import shutil
@@ -39,6 +38,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from specdec_ref.zoo import sha256_file
 from specdec_ref.zoo.corpus import EOS, Corpus, build_corpus
 
 PAD = "<|pad|>"
@@ -327,14 +327,6 @@ def mixed_batches(a: np.ndarray, b: np.ndarray, budget: Budget, seed: int) -> Ca
 
 
 # ----------------------------------------------------------------------------- manifest
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
 
 def write_manifest(out: Path, info: dict) -> None:
     """Checksums of every file in the zoo's model and tokenizer folders."""
