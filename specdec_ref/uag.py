@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import torch
 
 from .drafters import Proposal, draft_autoregressive
-from .inputs import context_length
+from .inputs import context_length, eos_ids
 from .kv_cache import new_cache, rollback
 from .sampling import Sampler
 from .tokenizer_compat import check_tokenizer
@@ -120,7 +120,7 @@ class CrossTokenizerDrafter:
         self.draft_tokenizer, self.target_tokenizer = draft_tokenizer, target_tokenizer
         self.look_behind = look_behind
         self.greedy = Sampler()
-        self.draft_eos = set(_eos_list(model))
+        self.draft_eos = set(eos_ids(model, None).tolist())
 
     def start(self, prompt: torch.LongTensor, max_new_tokens: int) -> None:
         text = self.target_tokenizer.decode(prompt.tolist(), skip_special_tokens=True)
@@ -191,11 +191,6 @@ def _whole_characters(tokenizer, context: list[int], drafted: list[int]) -> str:
         if text is not None:
             return text
     return ""
-
-
-def _eos_list(model: torch.nn.Module) -> list[int]:
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
 
 
 @contextmanager

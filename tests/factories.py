@@ -87,7 +87,7 @@ def train_tokenizer(vocab_size: int, kind: str = "bytelevel"):
     every digit apart (other merges, other ids); ``metaspace``: SentencePiece-style BPE that
     marks spaces with "▁" (leading-space handling differs).
     """
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     specials = ["<pad>", "<s>", "</s>"]

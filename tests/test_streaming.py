@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
 from transformers import PreTrainedTokenizerFast, TextStreamer
 from transformers.generation.streamers import BaseStreamer
