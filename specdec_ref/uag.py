@@ -143,7 +143,11 @@ class CrossTokenizerDrafter:
             keep, tail = continue_ids(self.draft_tokenizer, self.draft_ids, new_text, self.look_behind, seconds)
             self.draft_ids = self.draft_ids[:keep] + tail
             self.synced = len(target_ids)
-        draft_full = self.context is not None and len(self.draft_ids) + max_tokens > self.context
+        # One draft token more than asked for: the last target token of a text can change
+        # with the text that follows it (" re" + "turn" is " return"), so only target tokens
+        # the draft's own text has already closed are proposed.
+        n_draft = max_tokens + 1
+        draft_full = self.context is not None and len(self.draft_ids) + n_draft > self.context
         if max_tokens == 0 or not self.draft_ids or draft_full:
             return nothing  # the target continues alone this iteration
 
@@ -152,24 +156,27 @@ class CrossTokenizerDrafter:
         common = min(_common_prefix(self.fed, self.draft_ids), len(self.draft_ids) - 1)
         rollback(self.cache, common)
         pending = torch.tensor(self.draft_ids[common:], device=self.model.device)
-        drafts, _ = draft_autoregressive(self.model, self.cache, pending, max_tokens, self.greedy)
+        drafts, _ = draft_autoregressive(self.model, self.cache, pending, n_draft, self.greedy)
         drafted = drafts.tolist()
         self.fed = self.draft_ids + drafted[:-1]
-        drafted = drafted[: next((i for i, t in enumerate(drafted) if t in self.draft_eos), len(drafted))]
+        ends = next((i for i, t in enumerate(drafted) if t in self.draft_eos), None)
+        drafted = drafted[:ends]
 
         # 3. Draft ids -> text -> target ids, aligned to the accepted target sequence.
         with timed(seconds, "decode"):
             draft_text = _whole_characters(self.draft_tokenizer, self.draft_ids[-self.look_behind:], drafted)
         if not draft_text:
-            return Proposal(tokens.new_empty(0), forward_calls=max_tokens, seconds=seconds)
+            return Proposal(tokens.new_empty(0), forward_calls=n_draft, seconds=seconds)
         keep, proposal = continue_ids(self.target_tokenizer, target_ids, draft_text, self.look_behind, seconds)
         if keep < len(target_ids):
             # The draft's text merges with the last accepted token(s), which cannot change:
             # propose the text's own tokens instead, still a valid continuation to verify.
             with timed(seconds, "encode"):
                 proposal = self.target_tokenizer.encode(draft_text, add_special_tokens=False)
-        return Proposal(torch.tensor(proposal[:max_tokens], dtype=torch.long, device=tokens.device),
-                        forward_calls=max_tokens, seconds=seconds)
+        # A text that ends in the draft's EOS is final: its last token is closed too.
+        closed = len(proposal) if ends is not None else len(proposal) - 1
+        return Proposal(torch.tensor(proposal[:min(max_tokens, closed)], dtype=torch.long, device=tokens.device),
+                        forward_calls=n_draft, seconds=seconds)
 
     def update(self, tokens: torch.LongTensor, num_accepted: int) -> None:
         """Nothing to do here: the next ``propose`` re-syncs through text and rolls the cache back."""

@@ -205,3 +205,24 @@ def test_padded_draft_vocabulary_with_the_same_tokenizer_stays_native(target, to
         assert out.stats.draft_breakdown == {}  # the native path: no text round trips
         if not do_sample:
             assert torch.equal(out.sequences, reference(target, ids, 24))
+
+
+@pytest.mark.parametrize("text", ["def decode(self, s):\n    return", "x = '東京' + 'naïve'  # €", "for i in range(3):"])
+def test_proposal_holds_only_target_tokens_the_drafted_text_has_closed(target, tokenizer_a, tokenizer_b, text):
+    """The last target token of a text may still merge with what follows it, so the drafter
+    drafts one token more than asked and proposes only tokens followed by more drafted text."""
+    draft = build("llama", 32, 1, seed=5, vocab=tokenizer_b.vocab_size)
+    drafter = CrossTokenizerDrafter(draft, tokenizer_b, tokenizer_a)
+    ids = text_prompt(tokenizer_a, text)
+    drafter.start(ids[0], 20)
+    proposal = drafter.propose(ids[0], 3, Sampler())
+    assert proposal.forward_calls == 4
+    # The draft's own greedy text, recomputed independently of the drafter.
+    draft_ids = torch.tensor([tokenizer_b.encode(text)])
+    drafted = reference(draft, draft_ids, 4, eos_token_id=[])[0, draft_ids.shape[1]:].tolist()
+    # (cut to whole characters: a random draft may stop inside a multi-byte one)
+    draft_text = next(t for n in range(4, 0, -1) if (t := text_after(tokenizer_b, draft_ids[0].tolist(), drafted[:n])))
+    full = tokenizer_a.encode(text + draft_text, add_special_tokens=False)
+    shown = ids[0].tolist() + proposal.tokens.tolist()
+    assert 0 < proposal.tokens.numel() <= 3
+    assert full[: len(shown)] == shown and len(full) > len(shown)
