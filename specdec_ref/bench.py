@@ -125,15 +125,15 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
     runs = {k: {name: [] for name in generate if name != "baseline"} for k in ks}
     bar = tqdm(encoded, desc="prompts", disable=not progress)
     for ids in bar:
-        out, seconds = _timed(lambda: generate["baseline"](ids, None), now)
-        baseline.append({"sequences": out.sequences, "seconds": seconds, "stats": out.stats})
+        out, base_seconds = _timed(lambda: generate["baseline"](ids, None), now)
+        baseline.append({"sequences": out.sequences, "seconds": base_seconds, "stats": out.stats})
         for k in ks:
             for name in runs[k]:
                 out, seconds = _timed(lambda: generate[name](ids, k), now)
                 sequences = out if isinstance(out, torch.Tensor) else out.sequences
                 runs[k][name].append({"sequences": sequences, "seconds": seconds,
                                       "stats": None if isinstance(out, torch.Tensor) else out.stats})
-        bar.set_postfix(baseline_tok_s=f"{max_new_tokens / seconds:.0f}")
+        bar.set_postfix(baseline_tok_s=f"{max_new_tokens / base_seconds:.0f}")
 
     context = int(statistics.median(ids.shape[1] for ids in encoded)) + max_new_tokens // 2
     costs = cost_model(pair, context, ks)
@@ -170,16 +170,20 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
         drafted = sum(s.drafted_tokens for s in stats)
         acceptance = sum(s.accepted_tokens for s in stats) / drafted if drafted else 0.0
         histogram = [sum(s.accepted_histogram[j] for s in stats) for j in range(k + 1)]
-        tau = sum(s.new_tokens for s in stats) / sum(s.iterations for s in stats)
+        iterations = sum(s.iterations for s in stats)
+        tau = sum(s.new_tokens for s in stats) / iterations
+        # k for a draft model; k + 1 on the UAG path (see CrossTokenizerDrafter.propose).
+        draft_calls = sum(s.draft_forward_calls for s in stats) / iterations
         entry |= {
             "acceptance_rate": acceptance,
             "tokens_per_target_pass": tau,
             "accepted_histogram": histogram,
             "predicted_speedup": roofline.expected_speedup(acceptance, k, costs["cost_ratio"],
                                                            costs["verify_costs"][k]),
-            # The same cost model fed the measured tokens per pass instead of the i.i.d. formula:
-            # real acceptances come in runs (easy stretches, loops), which the formula ignores.
-            "predicted_speedup_from_tau": tau / (k * costs["cost_ratio"] + costs["verify_costs"][k]),
+            # The same cost model fed the measured tokens per pass and draft passes per iteration
+            # instead of the i.i.d. formula: real acceptances come in runs (easy stretches, loops).
+            "predicted_speedup_from_tau": tau / (draft_calls * costs["cost_ratio"] + costs["verify_costs"][k]),
+            "draft_forward_calls_per_iteration": draft_calls,
             "bandwidth_achieved": statistics.median(
                 roofline.bandwidth_achieved(target_bytes, s.target_forward_calls, r["seconds"])
                 + roofline.bandwidth_achieved(draft_bytes, s.draft_forward_calls, r["seconds"])
