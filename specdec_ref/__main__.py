@@ -78,9 +78,10 @@ def demo(args: argparse.Namespace) -> None:
         print(f"transformers assisted        {result['hf_assisted_tokens_per_second']:7.1f} tokens/s  "
               f"speedup {result['hf_assisted_speedup']:.2f}x")
     costs = summary["cost_model"]
-    print(f"acceptance rate {result['acceptance_rate']:.3f}, tokens per target pass "
+    print(f"acceptance rate {result['acceptance_rate']:.3f} (accepted / drafted), acceptance probability "
+          f"a = {result['acceptance_probability']:.3f} (accepted / judged), tokens per target pass "
           f"{result['tokens_per_target_pass']:.2f}")
-    print(f"predicted speedup {result['predicted_speedup']:.2f}x from a={result['acceptance_rate']:.2f}, "
+    print(f"predicted speedup {result['predicted_speedup']:.2f}x from a={result['acceptance_probability']:.2f}, "
           f"c={costs['cost_ratio']:.3f}, verify cost v({args.k})={costs['verify_costs'][args.k]:.2f}; "
           f"{result['predicted_speedup_from_tau']:.2f}x from the measured tokens per pass; "
           f"measured {result['speculative_speedup']:.2f}x")
@@ -114,7 +115,8 @@ def run_bench(args: argparse.Namespace) -> None:
         hf = f"  hf {c['hf_assisted_speedup']:.2f}x" if "hf_assisted_speedup" in c else ""
         print(f"k={c['k']:2d}  speedup {c['speculative_speedup']:.2f}x (predicted {c['predicted_speedup']:.2f}x, "
               f"{c['predicted_speedup_from_tau']:.2f}x from tau)"
-              f"{hf}  acceptance {c['acceptance_rate']:.3f}  tau {c['tokens_per_target_pass']:.2f}  "
+              f"{hf}  acceptance {c['acceptance_rate']:.3f} (a {c['acceptance_probability']:.3f})  "
+              f"tau {c['tokens_per_target_pass']:.2f}  "
               f"identical {c['speculative_identical_outputs']}")
     print(f"baseline {summary['baseline']['tokens_per_second']:.1f} tokens/s; best k = {summary['best_k']}")
     if args.json:

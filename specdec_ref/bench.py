@@ -168,7 +168,10 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
                 torch.equal(b["sequences"].cpu(), r["sequences"].cpu()) for b, r in zip(baseline, results))
         stats = [r["stats"] for r in runs[k]["speculative"]]
         drafted = sum(s.drafted_tokens for s in stats)
-        acceptance = sum(s.accepted_tokens for s in stats) / drafted if drafted else 0.0
+        accepted = sum(s.accepted_tokens for s in stats)
+        acceptance = accepted / drafted if drafted else 0.0
+        judged = accepted + sum(s.rejections for s in stats)
+        probability = accepted / judged if judged else 0.0  # the i.i.d. model's a (see GenerationStats)
         histogram = [sum(s.accepted_histogram[j] for s in stats) for j in range(k + 1)]
         iterations = sum(s.iterations for s in stats)
         tau = sum(s.new_tokens for s in stats) / iterations
@@ -176,9 +179,10 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
         draft_calls = sum(s.draft_forward_calls for s in stats) / iterations
         entry |= {
             "acceptance_rate": acceptance,
+            "acceptance_probability": probability,
             "tokens_per_target_pass": tau,
             "accepted_histogram": histogram,
-            "predicted_speedup": roofline.expected_speedup(acceptance, k, costs["cost_ratio"],
+            "predicted_speedup": roofline.expected_speedup(probability, k, costs["cost_ratio"],
                                                            costs["verify_costs"][k]),
             # The same cost model fed the measured tokens per pass and draft passes per iteration
             # instead of the i.i.d. formula: real acceptances come in runs (easy stretches, loops).

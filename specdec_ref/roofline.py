@@ -98,10 +98,13 @@ def measure_memory_bandwidth(array_bytes: int, repeats: int = 5) -> dict[str, fl
 
 
 def expected_tokens_per_pass(acceptance: float, k: int) -> float:
-    """E[new tokens per target pass] = (1 - a^(k+1)) / (1 - a), acceptance ``a`` i.i.d. per token.
+    """E[new tokens per target pass] = (1 - a^(k+1)) / (1 - a), each judged draft accepted
+    with probability ``a``, independently.
 
     It counts the target's own token, so it runs from 1 (a = 0) to k + 1 (a = 1).
-    (Leviathan et al. 2023, eq. 1; not 1 + a*k.)
+    (Leviathan et al. 2023, eq. 1; not 1 + a*k.) ``a`` is the per-draft acceptance
+    probability (``GenerationStats.acceptance_probability``), not the acceptance rate
+    accepted / drafted, which also counts the drafts a rejection threw away unjudged.
     """
     if not 0 <= acceptance <= 1:
         raise ValueError(f"acceptance must be in [0, 1] (got {acceptance})")

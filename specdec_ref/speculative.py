@@ -135,6 +135,7 @@ def speculative_step(
     stats.draft_forward_calls += proposal.forward_calls
     stats.drafted_tokens += n
     stats.accepted_tokens += num_accepted
+    stats.rejections += num_accepted < n
     if n:
         stats.accepted_histogram[num_accepted] += 1
     stats.draft_seconds += t1 - t0

@@ -14,6 +14,11 @@ class GenerationStats:
     acceptance rate = accepted draft tokens / drafted tokens; tokens per target
     pass = new tokens / verification passes, which counts the token the target
     contributes itself (the correction or the bonus token).
+
+    The acceptance rate is *not* the per-token acceptance probability a of the
+    i.i.d. model tau = (1 - a^(k+1)) / (1 - a): drafts after the first rejection are
+    never judged, yet count as drafted. ``acceptance_probability`` estimates a from
+    the drafts the target did judge: accepted / (accepted + rejections).
     """
 
     num_draft_tokens: int = 0
@@ -21,6 +26,7 @@ class GenerationStats:
     iterations: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    rejections: int = 0  # iterations that ended in a rejected draft (at most one per iteration)
     # accepted_histogram[j] = iterations that accepted exactly j drafted tokens
     # (iterations that drafted nothing, e.g. an n-gram miss, are not counted here).
     accepted_histogram: list[int] = field(default_factory=list)
@@ -38,6 +44,12 @@ class GenerationStats:
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
     @property
+    def acceptance_probability(self) -> float:
+        """Estimate of a, the chance a judged draft is accepted (the i.i.d. model's a)."""
+        judged = self.accepted_tokens + self.rejections
+        return self.accepted_tokens / judged if judged else 0.0
+
+    @property
     def tokens_per_target_pass(self) -> float:
         return self.new_tokens / self.iterations if self.iterations else 0.0
 
@@ -52,7 +64,8 @@ class GenerationStats:
 
     def to_dict(self) -> dict:
         """A JSON-ready dict, derived figures included."""
-        derived = ("acceptance_rate", "tokens_per_target_pass", "bookkeeping_seconds", "tokens_per_second")
+        derived = ("acceptance_rate", "acceptance_probability", "tokens_per_target_pass", "bookkeeping_seconds",
+                   "tokens_per_second")
         return asdict(self) | {name: getattr(self, name) for name in derived}
 
     def __str__(self) -> str:
@@ -66,6 +79,8 @@ class GenerationStats:
                 f"draft forward calls   {self.draft_forward_calls}",
                 f"acceptance rate       {self.acceptance_rate:.3f} "
                 f"({self.accepted_tokens}/{self.drafted_tokens} drafted tokens accepted)",
+                f"acceptance probability {self.acceptance_probability:.3f} "
+                f"({self.accepted_tokens}/{self.accepted_tokens + self.rejections} judged drafts accepted)",
                 f"tokens per target pass {self.tokens_per_target_pass:.2f}",
                 f"accepted per iteration {self.accepted_histogram}",
             ]

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-from factories import build
-from specdec_ref import roofline
+from factories import VOCAB, build, prompt
+from specdec_ref import GenerationStats, Proposal, autoregressive_generate, roofline, speculative_generate
 
 
 def test_weight_bytes_of_named_sizes_and_models():
@@ -61,3 +62,44 @@ def test_machine_measurements_return_sane_values():
     assert llc is None or llc >= 2**20
     model = build("llama", 64, 2, seed=0)
     assert 0 < roofline.measure_forward_seconds(model, context=16, new_tokens=3, repeats=2) < 5
+
+
+class IIDDrafter:
+    """Proposes the target's own greedy tokens, each replaced by a wrong one with probability
+    1 - a, independently: the i.i.d. acceptance model made real."""
+
+    def __init__(self, reference: torch.LongTensor, a: float, seed: int) -> None:
+        self.reference, self.a = reference, a
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def start(self, prompt, max_new_tokens):
+        pass
+
+    def propose(self, tokens, max_tokens, sampler):
+        right = self.reference[tokens.numel(): tokens.numel() + max_tokens]
+        keep = torch.rand(right.numel(), generator=self.generator) < self.a
+        return Proposal(torch.where(keep, right, (right + 1) % VOCAB), forward_calls=right.numel())
+
+    def update(self, tokens, num_accepted):
+        pass
+
+
+def test_iid_model_needs_the_acceptance_probability_not_the_rate():
+    """With k = 4 and a = 0.7 the acceptance rate (accepted / drafted) is about 0.44, far
+    below a; accepted / judged drafts recovers a, and with it the measured tokens per pass."""
+    target, a, k = build("llama", 64, 2, seed=0), 0.7, 4
+    totals = GenerationStats()
+    for seed in range(4):
+        ids = prompt(8, seed=seed)
+        reference = autoregressive_generate(target, ids, max_new_tokens=200, eos_token_id=[]).sequences[0]
+        out = speculative_generate(target, IIDDrafter(reference, a, seed), ids, max_new_tokens=200,
+                                   num_draft_tokens=k, eos_token_id=[])
+        assert torch.equal(out.sequences[0], reference)
+        for name in ("new_tokens", "iterations", "drafted_tokens", "accepted_tokens", "rejections"):
+            setattr(totals, name, getattr(totals, name) + getattr(out.stats, name))
+    rate_if_iid = a * (1 - a**k) / (1 - a) / k  # E[accepted] / k = 0.44
+    assert totals.acceptance_rate == pytest.approx(rate_if_iid, abs=0.05)
+    assert totals.acceptance_probability == pytest.approx(a, abs=0.05)
+    assert roofline.expected_tokens_per_pass(totals.acceptance_probability, k) == pytest.approx(
+        totals.tokens_per_target_pass, rel=0.1)
+    assert roofline.expected_tokens_per_pass(totals.acceptance_rate, k) < 0.8 * totals.tokens_per_target_pass

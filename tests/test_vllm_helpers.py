@@ -226,6 +226,14 @@ def test_spec_decode_counters_of_a_real_server(method):
     assert sum(metrics.accepted_per_position) == metrics.num_accepted_tokens
     assert metrics.acceptance_rate == metrics.num_accepted_tokens / metrics.num_draft_tokens
     assert metrics.tokens_per_target_pass == pytest.approx(1 + metrics.num_accepted_tokens / metrics.num_drafts)
+    if method == "draft_model":
+        # Every draft not accepted whole ended in one rejection: a = accepted / (accepted + rejections).
+        rejections = metrics.num_drafts - metrics.accepted_per_position[-1]
+        assert metrics.acceptance_probability == pytest.approx(
+            metrics.num_accepted_tokens / (metrics.num_accepted_tokens + rejections))
+        assert metrics.acceptance_probability > metrics.acceptance_rate
+    else:  # n-gram drafts vary in length: the counters cannot say which were accepted whole
+        assert metrics.num_draft_tokens < 5 * metrics.num_drafts and metrics.acceptance_probability is None
     # A later position can only be accepted when every earlier one was.
     rates = metrics.acceptance_by_position
     assert all(earlier >= later for earlier, later in zip(rates, rates[1:]))

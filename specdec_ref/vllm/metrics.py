@@ -99,6 +99,20 @@ class SpecDecodeMetrics:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
 
     @property
+    def acceptance_probability(self) -> float | None:
+        """Estimate of the i.i.d. model's a: accepted / judged drafts, as ``GenerationStats`` has it.
+
+        A draft that was not accepted to its last position ended in one rejection; the last
+        position's count says how many were accepted whole. That needs every draft to have
+        the same length (a draft model's k); ``None`` when they vary (n-gram misses are short).
+        """
+        k = len(self.accepted_per_position)
+        if not self.num_drafts or self.num_draft_tokens != k * self.num_drafts:
+            return None
+        whole = self.accepted_per_position[-1]
+        return self.num_accepted_tokens / (self.num_accepted_tokens + self.num_drafts - whole)
+
+    @property
     def mean_accepted_tokens(self) -> float:
         """Accepted draft tokens per draft (per verification pass)."""
         return self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
@@ -124,9 +138,11 @@ class SpecDecodeMetrics:
         if not self.num_drafts:
             return "no speculative drafts"
         by_position = ", ".join(f"{rate:.2f}" for rate in self.acceptance_by_position)
+        a = self.acceptance_probability
         return (
             f"acceptance rate {self.acceptance_rate:.3f} "
             f"({self.num_accepted_tokens}/{self.num_draft_tokens} drafted tokens accepted), "
-            f"{self.num_drafts} drafts, {self.tokens_per_target_pass:.2f} tokens per target pass, "
+            + ("" if a is None else f"acceptance probability {a:.3f}, ")
+            + f"{self.num_drafts} drafts, {self.tokens_per_target_pass:.2f} tokens per target pass, "
             f"acceptance by position [{by_position}]"
         )
