@@ -185,7 +185,7 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
             "predicted_speedup": roofline.expected_speedup(probability, k, costs["cost_ratio"],
                                                            costs["verify_costs"][k]),
             # The same cost model fed the measured tokens per pass and draft passes per iteration
-            # instead of the i.i.d. formula: real acceptances come in runs (easy stretches, loops).
+            # instead of the i.i.d. formula: where the two differ, acceptances are not independent.
             "predicted_speedup_from_tau": tau / (draft_calls * costs["cost_ratio"] + costs["verify_costs"][k]),
             "draft_forward_calls_per_iteration": draft_calls,
             "bandwidth_achieved": statistics.median(

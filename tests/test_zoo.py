@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdec_ref.zoo import NAMES, ZOO_DIR, load, load_tokenizer, resolve, resolve_tokenizer
 from specdec_ref.zoo.corpus import build_corpus, heldout_prompts, is_test_file
+from specdec_ref.zoo.evaluate import loop_period
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -130,3 +131,11 @@ def test_shipped_zoo_has_declared_properties() -> None:
 
     weight_bytes = sum(f.stat().st_size for f in ZOO_DIR.rglob("*.safetensors"))
     assert weight_bytes <= 60e6
+
+
+def test_loop_period_is_measured_on_text():
+    assert loop_period("x = 1\n" * 40) == 6
+    assert loop_period("def f():\n" + "    if x:\n        x = x\n" * 12) == 24  # a two-line loop
+    assert loop_period("ab" * 40) is None  # too short to judge
+    fresh = "".join(f"value_{i} = compute({i}, {i * i})\n" for i in range(20))
+    assert loop_period(fresh) is None

@@ -3,12 +3,13 @@
     python -m specdec_ref.zoo.evaluate [--zoo DIR] [--prompts 24] [--k 4] [--new-tokens 128]
 
 On held-out prompts (``corpus.heldout_prompts``), greedy, it reports:
-- ``draft`` vs ``target``: acceptance rate and tokens per target pass of
+- ``draft`` vs ``target``: acceptance rate (accepted / drafted), acceptance probability
+  (accepted / judged drafts, the a of the i.i.d. model) and tokens per target pass of
   ``specdec_ref.speculative_generate`` with k draft tokens.
 - ``draft-xtok`` vs ``target`` through the cross-tokenizer path (Universal Assisted
   Generation, ``specdec_ref.uag``): the same figures, counted in target tokens.
 - that both speculative outputs equal the target's own greedy output.
-- whether the target's greedy outputs loop (a short period repeating to the end).
+- whether the target's greedy outputs end in a loop, and its period in characters.
 """
 
 from __future__ import annotations
@@ -33,11 +34,15 @@ def greedy(model: PreTrainedModel, ids: list[int], n: int) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
-def loops(tokens: list[int], tail: int = 48, max_period: int = 16) -> bool:
-    """True when the last ``tail`` tokens repeat with a period of at most ``max_period``."""
-    end = tokens[-tail:]
-    return len(end) == tail and any(all(end[i] == end[i - p] for i in range(p, tail))
-                                    for p in range(1, max_period + 1))
+def loop_period(text: str, tail: int = 160) -> int | None:
+    """The shortest period (in characters) with which the last ``tail`` characters repeat,
+    if they do at least twice over; ``None`` for text that does not end in a loop.
+
+    Measured on text, not tokens, so the answer does not depend on the tokenizer."""
+    end = text[-tail:]
+    if len(end) < tail:
+        return None
+    return next((p for p in range(1, tail // 2 + 1) if end[p:] == end[:-p]), None)
 
 
 def evaluate(zoo_dir: Path = ZOO_DIR, n_prompts: int = 24, k: int = 4, new_tokens: int = 128) -> dict:
@@ -57,8 +62,9 @@ def evaluate(zoo_dir: Path = ZOO_DIR, n_prompts: int = 24, k: int = 4, new_token
                 spec = speculative_generate(target, input_ids=torch.tensor([prompt]), max_new_tokens=new_tokens,
                                             num_draft_tokens=k, **kwargs)
             runs[name].append((spec.stats, spec.sequences[0, len(prompt):].tolist() == out))
-        looping.append(loops(out))
-        samples.append({"prompt": text, "target": tok.decode(out)})
+        continuation = tok.decode(out)
+        looping.append(loop_period(continuation))
+        samples.append({"prompt": text, "target": continuation, "loop_period_chars": looping[-1]})
 
     def acceptance(stats) -> float:
         drafted = sum(s.drafted_tokens for s in stats)
@@ -68,14 +74,18 @@ def evaluate(zoo_dir: Path = ZOO_DIR, n_prompts: int = 24, k: int = 4, new_token
     for name, results in runs.items():
         stats = [s for s, _ in results]
         figures[f"{name}_acceptance"] = acceptance(stats)
+        # a of the i.i.d. model (accepted / judged drafts; see GenerationStats)
+        accepted = sum(s.accepted_tokens for s in stats)
+        figures[f"{name}_acceptance_probability"] = round(accepted / (accepted + sum(s.rejections for s in stats)), 4)
         # Loops are easy to predict: the figure without them says how the draft does on fresh text.
         figures[f"{name}_acceptance_without_looping_outputs"] = acceptance(
-            [s for s, loop in zip(stats, looping) if not loop])
+            [s for s, period in zip(stats, looping) if period is None])
         figures[f"{name}_tokens_per_target_pass"] = round(
             sum(s.new_tokens for s in stats) / sum(s.iterations for s in stats), 3)
         figures[f"{name}_acceptance_per_prompt"] = [round(s.acceptance_rate, 3) for s in stats]
         figures[f"{name}_equals_target_greedy"] = f"{sum(same for _, same in results)}/{n_prompts}"
-    return {**figures, "target_outputs_looping": sum(looping), "samples": samples}
+    return {**figures, "target_outputs_looping": sum(p is not None for p in looping),
+            "loop_periods_chars": sorted(p for p in looping if p is not None), "samples": samples}
 
 
 def main() -> None:

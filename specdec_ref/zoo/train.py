@@ -103,7 +103,7 @@ BUDGETS = {
         max_files=None, vocab_a=2048, vocab_b=3000,
         target=Arch(512, 7, 8, 1376), draft=Arch(192, 2, 6, 640), xtok=Arch(192, 2, 6, 576),
         seq_len=256, batch=16, target_steps=None, target_minutes=55, sample_batches=None,
-        sample_minutes=8, draft_steps=None, draft_minutes=25, xtok_steps=None, xtok_minutes=8,
+        sample_minutes=8, draft_steps=None, draft_minutes=25, xtok_steps=None, xtok_minutes=15,
     ),
 }
 
