@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
 
     p = sub.add_parser("demo", help="stream a generation and compare baseline vs speculative on the zoo pair")
     p.add_argument("--k", type=int, default=4)
-    p.add_argument("--prompts", type=int, default=6)
+    p.add_argument("--prompts", type=int, default=12)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--plot", default="out/demo.png")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
