@@ -18,6 +18,7 @@ from .baseline import autoregressive_generate
 from .ngram import PromptLookupDrafter
 from .inputs import clock
 from .speculative import speculative_generate
+from .stats import GenerationStats
 from .tokenizer_compat import compare_tokenizers
 
 
@@ -167,26 +168,20 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
             entry[f"{name}_identical_outputs"] = all(
                 torch.equal(b["sequences"].cpu(), r["sequences"].cpu()) for b, r in zip(baseline, results))
         stats = [r["stats"] for r in runs[k]["speculative"]]
-        drafted = sum(s.drafted_tokens for s in stats)
-        accepted = sum(s.accepted_tokens for s in stats)
-        acceptance = accepted / drafted if drafted else 0.0
-        judged = accepted + sum(s.rejections for s in stats)
-        probability = accepted / judged if judged else 0.0  # the i.i.d. model's a (see GenerationStats)
-        histogram = [sum(s.accepted_histogram[j] for s in stats) for j in range(k + 1)]
-        iterations = sum(s.iterations for s in stats)
-        tau = sum(s.new_tokens for s in stats) / iterations
+        total = GenerationStats.combined(stats)
         # k for a draft model; k + 1 on the UAG path (see CrossTokenizerDrafter.propose).
-        draft_calls = sum(s.draft_forward_calls for s in stats) / iterations
+        draft_calls = total.draft_forward_calls / total.iterations
         entry |= {
-            "acceptance_rate": acceptance,
-            "acceptance_probability": probability,
-            "tokens_per_target_pass": tau,
-            "accepted_histogram": histogram,
-            "predicted_speedup": roofline.expected_speedup(probability, k, costs["cost_ratio"],
+            "acceptance_rate": total.acceptance_rate,
+            "acceptance_probability": total.acceptance_probability,  # the i.i.d. model's a
+            "tokens_per_target_pass": total.tokens_per_target_pass,
+            "accepted_histogram": total.accepted_histogram,
+            "predicted_speedup": roofline.expected_speedup(total.acceptance_probability, k, costs["cost_ratio"],
                                                            costs["verify_costs"][k]),
             # The same cost model fed the measured tokens per pass and draft passes per iteration
             # instead of the i.i.d. formula: where the two differ, acceptances are not independent.
-            "predicted_speedup_from_tau": tau / (draft_calls * costs["cost_ratio"] + costs["verify_costs"][k]),
+            "predicted_speedup_from_tau": total.tokens_per_target_pass
+            / (draft_calls * costs["cost_ratio"] + costs["verify_costs"][k]),
             "draft_forward_calls_per_iteration": draft_calls,
             "bandwidth_achieved": statistics.median(
                 roofline.bandwidth_achieved(target_bytes, s.target_forward_calls, r["seconds"])

@@ -1,7 +1,8 @@
 """What a generation run returns: the tokens and the speculative "health check"."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
@@ -38,6 +39,25 @@ class GenerationStats:
     total_seconds: float = 0.0
     # Finer split of draft_seconds reported by the drafter (e.g. UAG's decode / encode / align).
     draft_breakdown: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def combined(cls, runs: Iterable[GenerationStats]) -> GenerationStats:
+        """The stats of several runs as one: counters, timings and histograms summed, so the
+        derived figures are ratios of totals (not means of per-run ratios)."""
+        total = cls()
+        for run in runs:
+            for f in fields(cls):
+                mine, theirs = getattr(total, f.name), getattr(run, f.name)
+                if f.name == "num_draft_tokens":
+                    total.num_draft_tokens = max(mine, theirs)
+                elif f.name == "accepted_histogram":
+                    width = max(len(mine), len(theirs))
+                    total.accepted_histogram = [sum(h[j] for h in (mine, theirs) if j < len(h)) for j in range(width)]
+                elif f.name == "draft_breakdown":
+                    total.draft_breakdown = {k: mine.get(k, 0.0) + theirs.get(k, 0.0) for k in mine | theirs}
+                else:
+                    setattr(total, f.name, mine + theirs)
+        return total
 
     @property
     def acceptance_rate(self) -> float:

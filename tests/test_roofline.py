@@ -88,18 +88,31 @@ def test_iid_model_needs_the_acceptance_probability_not_the_rate():
     """With k = 4 and a = 0.7 the acceptance rate (accepted / drafted) is about 0.44, far
     below a; accepted / judged drafts recovers a, and with it the measured tokens per pass."""
     target, a, k = build("llama", 64, 2, seed=0), 0.7, 4
-    totals = GenerationStats()
+    runs = []
     for seed in range(4):
         ids = prompt(8, seed=seed)
         reference = autoregressive_generate(target, ids, max_new_tokens=200, eos_token_id=[]).sequences[0]
         out = speculative_generate(target, IIDDrafter(reference, a, seed), ids, max_new_tokens=200,
                                    num_draft_tokens=k, eos_token_id=[])
         assert torch.equal(out.sequences[0], reference)
-        for name in ("new_tokens", "iterations", "drafted_tokens", "accepted_tokens", "rejections"):
-            setattr(totals, name, getattr(totals, name) + getattr(out.stats, name))
+        runs.append(out.stats)
+    totals = GenerationStats.combined(runs)
+    assert totals.new_tokens == 800 and totals.rejections == sum(s.rejections for s in runs)
     rate_if_iid = a * (1 - a**k) / (1 - a) / k  # E[accepted] / k = 0.44
     assert totals.acceptance_rate == pytest.approx(rate_if_iid, abs=0.05)
     assert totals.acceptance_probability == pytest.approx(a, abs=0.05)
     assert roofline.expected_tokens_per_pass(totals.acceptance_probability, k) == pytest.approx(
         totals.tokens_per_target_pass, rel=0.1)
     assert roofline.expected_tokens_per_pass(totals.acceptance_rate, k) < 0.8 * totals.tokens_per_target_pass
+
+
+def test_combined_stats_are_ratios_of_totals():
+    a = GenerationStats(num_draft_tokens=2, new_tokens=9, iterations=3, drafted_tokens=6, accepted_tokens=6,
+                        accepted_histogram=[0, 0, 3], draft_breakdown={"encode": 0.5}, draft_seconds=1.0)
+    b = GenerationStats(num_draft_tokens=2, new_tokens=3, iterations=3, drafted_tokens=6, accepted_tokens=0,
+                        rejections=3, accepted_histogram=[3, 0, 0], draft_breakdown={"encode": 0.25, "align": 1.0})
+    total = GenerationStats.combined([a, b])
+    assert (total.new_tokens, total.iterations, total.rejections, total.draft_seconds) == (12, 6, 3, 1.0)
+    assert total.accepted_histogram == [3, 0, 3] and total.draft_breakdown == {"encode": 0.75, "align": 1.0}
+    assert total.acceptance_rate == 0.5  # 6 of 12, not the mean of 1.0 and 0.0 by accident of equal sizes
+    assert total.acceptance_probability == 6 / 9 and total.tokens_per_target_pass == 2.0

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from specdec_ref import speculative_generate
+from specdec_ref import GenerationStats, speculative_generate
 from specdec_ref.zoo import ZOO_DIR, load
 from specdec_ref.zoo.corpus import heldout_prompts
 
@@ -66,22 +66,16 @@ def evaluate(zoo_dir: Path = ZOO_DIR, n_prompts: int = 24, k: int = 4, new_token
         looping.append(loop_period(continuation))
         samples.append({"prompt": text, "target": continuation, "loop_period_chars": looping[-1]})
 
-    def acceptance(stats) -> float:
-        drafted = sum(s.drafted_tokens for s in stats)
-        return round(sum(s.accepted_tokens for s in stats) / drafted, 4) if drafted else 0.0
-
     figures = {"prompts": n_prompts, "k": k, "new_tokens": new_tokens}
     for name, results in runs.items():
         stats = [s for s, _ in results]
-        figures[f"{name}_acceptance"] = acceptance(stats)
-        # a of the i.i.d. model (accepted / judged drafts; see GenerationStats)
-        accepted = sum(s.accepted_tokens for s in stats)
-        figures[f"{name}_acceptance_probability"] = round(accepted / (accepted + sum(s.rejections for s in stats)), 4)
+        total = GenerationStats.combined(stats)
+        figures[f"{name}_acceptance"] = round(total.acceptance_rate, 4)
+        figures[f"{name}_acceptance_probability"] = round(total.acceptance_probability, 4)  # the i.i.d. model's a
         # Loops are easy to predict: the figure without them says how the draft does on fresh text.
-        figures[f"{name}_acceptance_without_looping_outputs"] = acceptance(
-            [s for s, period in zip(stats, looping) if period is None])
-        figures[f"{name}_tokens_per_target_pass"] = round(
-            sum(s.new_tokens for s in stats) / sum(s.iterations for s in stats), 3)
+        fresh = GenerationStats.combined(s for s, period in zip(stats, looping) if period is None)
+        figures[f"{name}_acceptance_without_looping_outputs"] = round(fresh.acceptance_rate, 4)
+        figures[f"{name}_tokens_per_target_pass"] = round(total.tokens_per_target_pass, 3)
         figures[f"{name}_acceptance_per_prompt"] = [round(s.acceptance_rate, 3) for s in stats]
         figures[f"{name}_equals_target_greedy"] = f"{sum(same for _, same in results)}/{n_prompts}"
     return {**figures, "target_outputs_looping": sum(p is not None for p in looping),
