@@ -108,7 +108,10 @@ def run_bench(args: argparse.Namespace) -> None:
     prompts = _prompts(args.prompts)
     if args.repeat_prompts:
         prompts = bench.repetition_prompts(prompts)
-    summary = bench.run(pair, prompts, ks, args.max_new_tokens, hf_assisted=not args.no_hf)
+    if args.min_confidence is not None and pair.prompt_lookup:
+        sys.exit("error: --min-confidence needs a draft model (prompt lookup has no confidence)")
+    summary = bench.run(pair, prompts, ks, args.max_new_tokens, hf_assisted=not args.no_hf,
+                        min_draft_confidence=args.min_confidence)
     summary |= {"target": args.target, "draft": args.draft, "device": args.device, "dtype": args.dtype,
                 "repeat_prompts": args.repeat_prompts}
     for c in summary["configs"]:
@@ -118,6 +121,13 @@ def run_bench(args: argparse.Namespace) -> None:
               f"{hf}  acceptance {c['acceptance_rate']:.3f} (a {c['acceptance_probability']:.3f})  "
               f"tau {c['tokens_per_target_pass']:.2f}  "
               f"identical {c['speculative_identical_outputs']}")
+        if "dynamic" in c:
+            d = c["dynamic"]
+            print(f"      dynamic (min confidence {d['min_draft_confidence']}): speedup "
+                  f"{c['speculative_dynamic_speedup']:.2f}x  acceptance {d['acceptance_rate']:.3f} "
+                  f"(a {d['acceptance_probability']:.3f})  tau {d['tokens_per_target_pass']:.2f}  "
+                  f"drafts/iteration {d['drafted_per_iteration']:.2f}  "
+                  f"identical {c['speculative_dynamic_identical_outputs']}")
     print(f"baseline {summary['baseline']['tokens_per_second']:.1f} tokens/s; best k = {summary['best_k']}")
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
@@ -163,6 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     p.add_argument("--repeat-prompts", action="store_true",
                    help="prompts whose continuation repeats earlier text (where prompt lookup shines)")
+    p.add_argument("--min-confidence", type=float,
+                   help="also run dynamic drafting: stop a draft after a token below this draft probability")
     p.add_argument("--json")
     p.add_argument("--plot")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")

@@ -106,8 +106,14 @@ def cost_model(pair: Pair, context: int, ks: Sequence[int]) -> dict:
 
 
 def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: int = 128,
-        hf_assisted: bool = True, progress: bool = True) -> dict:
-    """Benchmark every method on every prompt; return a JSON-ready summary."""
+        hf_assisted: bool = True, progress: bool = True, min_draft_confidence: float | None = None) -> dict:
+    """Benchmark every method on every prompt; return a JSON-ready summary.
+
+    ``min_draft_confidence`` adds a method, ``speculative_dynamic``: our loop with k as the
+    most drafts per iteration and the draft stopping early below that confidence.
+    """
+    if min_draft_confidence is not None and pair.prompt_lookup:
+        raise ValueError("min_draft_confidence needs a draft model; prompt lookup has no confidence")
     encoded = [pair.target_tokenizer(p, return_tensors="pt").input_ids.to(pair.target.device) for p in prompts]
     # EOS is off for every method, so each produces exactly max_new_tokens.
     generate = {
@@ -115,6 +121,10 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
         "speculative": lambda ids, k: speculative_generate(pair.target, pair.draft, ids, max_new_tokens, k,
                                                            eos_token_id=[], **pair.tokenizer_kwargs),
     }
+    if min_draft_confidence is not None:
+        generate["speculative_dynamic"] = lambda ids, k: speculative_generate(
+            pair.target, pair.draft, ids, max_new_tokens, k, eos_token_id=[],
+            min_draft_confidence=min_draft_confidence, **pair.tokenizer_kwargs)
     if hf_assisted:
         generate["hf_assisted"] = lambda ids, k: hf_assisted_generate(pair, ids, k, max_new_tokens)
 
@@ -190,6 +200,16 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
             "time_split_seconds": {part: statistics.median(getattr(s, f"{part}_seconds") for s in stats)
                                    for part in ("prefill", "draft", "verify", "bookkeeping")},
         }
+        if min_draft_confidence is not None:
+            dynamic = GenerationStats.combined(r["stats"] for r in runs[k]["speculative_dynamic"])
+            entry["dynamic"] = {
+                "min_draft_confidence": min_draft_confidence,
+                "acceptance_rate": dynamic.acceptance_rate,
+                "acceptance_probability": dynamic.acceptance_probability,
+                "tokens_per_target_pass": dynamic.tokens_per_target_pass,
+                "drafted_per_iteration": dynamic.drafted_tokens / dynamic.iterations,
+                "draft_forward_calls_per_iteration": dynamic.draft_forward_calls / dynamic.iterations,
+            }
         summary["configs"].append(entry)
     best = max(summary["configs"], key=lambda c: c["speculative_speedup"])
     summary["best_k"] = best["k"]

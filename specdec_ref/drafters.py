@@ -53,11 +53,17 @@ class ModelDrafter:
     ``vocab_size``: the target's logits width, when the draft's embedding matrix is padded
     to another size (same tokenizer, e.g. Qwen2.5 0.5B vs 7B): draft logits are cut or
     padded to it so draft and target distributions line up.
+    ``min_confidence``: stop drafting early, after a token the draft itself gave less than
+    this probability (``transformers`` calls it ``assistant_confidence_threshold``): such
+    a token is likely rejected, so drafting past it wastes draft and verify work.
     """
 
-    def __init__(self, model: torch.nn.Module, vocab_size: int | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, vocab_size: int | None = None,
+                 min_confidence: float | None = None) -> None:
+        check_min_confidence(min_confidence)
         self.model = model
         self.vocab_size = vocab_size
+        self.min_confidence = min_confidence
         self.cache = new_cache(model)
 
     def start(self, prompt: torch.LongTensor, max_new_tokens: int) -> None:
@@ -67,8 +73,9 @@ class ModelDrafter:
     def propose(self, tokens: torch.LongTensor, max_tokens: int, sampler: Sampler) -> Proposal:
         # Feed what the draft has not read yet: the prompt at first, then the target's last token(s).
         pending = tokens[self.cache.get_seq_length():]
-        drafts, probs = draft_autoregressive(self.model, self.cache, pending, max_tokens, sampler, self.vocab_size)
-        return Proposal(drafts, probs, forward_calls=max_tokens)
+        drafts, probs = draft_autoregressive(self.model, self.cache, pending, max_tokens, sampler,
+                                             self.vocab_size, self.min_confidence)
+        return Proposal(drafts, probs, forward_calls=drafts.numel())
 
     def update(self, tokens: torch.LongTensor, num_accepted: int) -> None:
         # The draft cache holds the old sequence plus all drafts but the last; everything up to
@@ -76,15 +83,22 @@ class ModelDrafter:
         rollback(self.cache, tokens.numel() - 1)
 
 
+def check_min_confidence(min_confidence: float | None) -> None:
+    """Raise unless ``min_confidence`` is ``None`` or a probability strictly between 0 and 1."""
+    if min_confidence is not None and not (isinstance(min_confidence, (int, float)) and 0 < min_confidence < 1):
+        raise ValueError(f"min_confidence must be a probability in (0, 1) or None, got {min_confidence!r}")
+
+
 def draft_autoregressive(
     model: torch.nn.Module, cache, pending: torch.LongTensor, num_tokens: int, sampler: Sampler,
-    vocab_size: int | None = None,
+    vocab_size: int | None = None, min_confidence: float | None = None,
 ) -> tuple[torch.LongTensor, torch.Tensor | None]:
-    """Run ``model`` for ``num_tokens`` steps from ``pending`` (ids its cache has not read).
+    """Run ``model`` for up to ``num_tokens`` steps from ``pending`` (ids its cache has not read).
 
     Returns the drafted ids [n] and, when sampling, the distributions they came from [n, V].
     The last drafted token is not fed: the cache ends one token short, as the loop expects.
-    ``vocab_size`` cuts or pads (with -inf) the logits to that width.
+    ``vocab_size`` cuts or pads (with -inf) the logits to that width. ``min_confidence``
+    ends the draft after the first token whose draft probability is below it.
     """
     drafts = torch.empty(num_tokens, dtype=torch.long, device=model.device)
     probs = []
@@ -99,5 +113,10 @@ def draft_autoregressive(
         else:
             probs.append(sampler.probs(logits))
             drafts[i] = sampler.sample(probs[-1])
+        if min_confidence is not None and i + 1 < num_tokens:
+            q = torch.softmax(logits.float(), dim=-1) if sampler.greedy else probs[-1]
+            if q[drafts[i]] < min_confidence:
+                drafts = drafts[: i + 1]
+                break
         pending = drafts[i : i + 1]
     return drafts, torch.stack(probs) if probs else None

@@ -21,10 +21,14 @@ from .tokenizer_compat import compare_tokenizers
 from .uag import CrossTokenizerDrafter
 
 
-def as_drafter(draft: object, target: torch.nn.Module, target_tokenizer=None, draft_tokenizer=None) -> Drafter:
+def as_drafter(draft: object, target: torch.nn.Module, target_tokenizer=None, draft_tokenizer=None,
+               min_confidence: float | None = None) -> Drafter:
     """Pick the drafter for ``draft``: drafters pass through; a model drafts natively when it
-    shares the target's vocabulary and through text (UAG) when the tokenizers say it does not."""
+    shares the target's vocabulary and through text (UAG) when the tokenizers say it does not.
+    ``min_confidence`` (draft models only) ends a draft after a token the draft is unsure of."""
     if isinstance(draft, Drafter):
+        if min_confidence is not None:
+            raise ValueError("min_draft_confidence applies to draft models; set it on the Drafter you pass instead")
         return draft
     if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "config"):
         raise TypeError(
@@ -34,9 +38,9 @@ def as_drafter(draft: object, target: torch.nn.Module, target_tokenizer=None, dr
         raise ValueError("pass both target_tokenizer= and draft_tokenizer= (or neither)")
     if target_tokenizer is not None:
         if not compare_tokenizers(target_tokenizer, draft_tokenizer).native_ok:
-            return CrossTokenizerDrafter(draft, draft_tokenizer, target_tokenizer)
+            return CrossTokenizerDrafter(draft, draft_tokenizer, target_tokenizer, min_confidence=min_confidence)
         # Same tokenizer: embedding matrices may still be padded to different sizes.
-        return ModelDrafter(draft, vocab_size=target.config.vocab_size)
+        return ModelDrafter(draft, vocab_size=target.config.vocab_size, min_confidence=min_confidence)
     draft_vocab, target_vocab = draft.config.vocab_size, target.config.vocab_size
     if draft_vocab != target_vocab:
         raise ValueError(
@@ -45,7 +49,7 @@ def as_drafter(draft: object, target: torch.nn.Module, target_tokenizer=None, dr
             "target_tokenizer= and draft_tokenizer=: the same tokenizer with padded embeddings takes the "
             "native path, different tokenizers the cross-tokenizer (UAG) path."
         )
-    return ModelDrafter(draft)
+    return ModelDrafter(draft, min_confidence=min_confidence)
 
 
 def accept_greedy(logits: torch.Tensor, drafts: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -161,6 +165,7 @@ def speculative_generate(
     streamer=None,
     target_tokenizer=None,
     draft_tokenizer=None,
+    min_draft_confidence: float | None = None,
 ) -> GenerationOutput:
     """Generate with speculative decoding for one prompt.
 
@@ -177,6 +182,9 @@ def speculative_generate(
         target_tokenizer, draft_tokenizer: give both when the draft model may not share the
             target's tokenizer; if :func:`compare_tokenizers` finds the vocabularies differ,
             drafting goes through text (Universal Assisted Generation).
+        min_draft_confidence: dynamic draft length: a draft model stops drafting after a
+            token it gave less than this probability (``transformers``' assisted generation
+            does this by default with 0.4). ``None`` always drafts ``num_draft_tokens``.
 
     Returns:
         :class:`GenerationOutput` with ``sequences`` [1, prompt_len + new] and ``stats``.
@@ -185,7 +193,7 @@ def speculative_generate(
         raise ValueError(f"num_draft_tokens (k) must be an integer >= 1 (got {num_draft_tokens!r})")
     sampler = Sampler(do_sample, temperature, top_k, top_p, generator)
     prompt = check_request(target, input_ids, max_new_tokens, role="target")
-    drafter = as_drafter(draft, target, target_tokenizer, draft_tokenizer)
+    drafter = as_drafter(draft, target, target_tokenizer, draft_tokenizer, min_draft_confidence)
     drafter.start(prompt, max_new_tokens)
     eos = eos_ids(target, eos_token_id)
     now = clock(target.device)

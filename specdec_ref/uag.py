@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 import torch
 
-from .drafters import Proposal, draft_autoregressive
+from .drafters import Proposal, check_min_confidence, draft_autoregressive
 from .inputs import context_length, eos_ids
 from .kv_cache import new_cache, rollback
 from .sampling import Sampler
@@ -103,9 +103,11 @@ class CrossTokenizerDrafter:
 
     The draft model drafts greedily in its own vocabulary; the proposal in target ids is
     then deterministic, so sampling mode stays exact (the verifier uses a one-hot q).
+    ``min_confidence`` stops the draft model early, as for :class:`ModelDrafter`.
     """
 
-    def __init__(self, model: torch.nn.Module, draft_tokenizer, target_tokenizer, look_behind: int = 8) -> None:
+    def __init__(self, model: torch.nn.Module, draft_tokenizer, target_tokenizer, look_behind: int = 8,
+                 min_confidence: float | None = None) -> None:
         check_tokenizer(draft_tokenizer, "draft_tokenizer")
         check_tokenizer(target_tokenizer, "target_tokenizer")
         for role, tokenizer in (("draft_tokenizer", draft_tokenizer), ("target_tokenizer", target_tokenizer)):
@@ -116,7 +118,9 @@ class CrossTokenizerDrafter:
                     f"{round_trip!r}), so text cannot carry tokens between the two vocabularies: the "
                     "cross-tokenizer path needs lossless tokenizers"
                 )
+        check_min_confidence(min_confidence)
         self.model = model
+        self.min_confidence = min_confidence
         self.draft_tokenizer, self.target_tokenizer = draft_tokenizer, target_tokenizer
         self.look_behind = look_behind
         self.greedy = Sampler()
@@ -156,7 +160,8 @@ class CrossTokenizerDrafter:
         common = min(_common_prefix(self.fed, self.draft_ids), len(self.draft_ids) - 1)
         rollback(self.cache, common)
         pending = torch.tensor(self.draft_ids[common:], device=self.model.device)
-        drafts, _ = draft_autoregressive(self.model, self.cache, pending, n_draft, self.greedy)
+        drafts, _ = draft_autoregressive(self.model, self.cache, pending, n_draft, self.greedy,
+                                         min_confidence=self.min_confidence)
         drafted = drafts.tolist()
         self.fed = self.draft_ids + drafted[:-1]
         ends = next((i for i, t in enumerate(drafted) if t in self.draft_eos), None)
@@ -166,7 +171,7 @@ class CrossTokenizerDrafter:
         with timed(seconds, "decode"):
             draft_text = _whole_characters(self.draft_tokenizer, self.draft_ids[-self.look_behind:], drafted)
         if not draft_text:
-            return Proposal(tokens.new_empty(0), forward_calls=n_draft, seconds=seconds)
+            return Proposal(tokens.new_empty(0), forward_calls=len(drafts), seconds=seconds)
         keep, proposal = continue_ids(self.target_tokenizer, target_ids, draft_text, self.look_behind, seconds)
         if keep < len(target_ids):
             # The draft's text merges with the last accepted token(s), which cannot change:
@@ -176,7 +181,7 @@ class CrossTokenizerDrafter:
         # A text that ends in the draft's EOS is final: its last token is closed too.
         closed = len(proposal) if ends is not None else len(proposal) - 1
         return Proposal(torch.tensor(proposal[:min(max_tokens, closed)], dtype=torch.long, device=tokens.device),
-                        forward_calls=n_draft, seconds=seconds)
+                        forward_calls=len(drafts), seconds=seconds)
 
     def update(self, tokens: torch.LongTensor, num_accepted: int) -> None:
         """Nothing to do here: the next ``propose`` re-syncs through text and rolls the cache back."""

@@ -26,6 +26,19 @@ def test_bad_k(models, k):
         speculative(models, num_draft_tokens=k)
 
 
+@pytest.mark.parametrize("confidence", [0, 1, 1.5, -0.2, "0.4"])
+def test_bad_min_draft_confidence(models, confidence):
+    with pytest.raises(ValueError, match=r"min_confidence must be a probability in \(0, 1\)"):
+        speculative(models, min_draft_confidence=confidence)
+
+
+def test_min_draft_confidence_is_for_draft_models(models):
+    from specdec_ref.ngram import PromptLookupDrafter
+
+    with pytest.raises(ValueError, match="applies to draft models"):
+        speculative(models, draft=PromptLookupDrafter(), min_draft_confidence=0.4)
+
+
 @pytest.mark.parametrize("generate", ["baseline", "speculative"])
 def test_negative_max_new_tokens(models, generate):
     with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 0"):

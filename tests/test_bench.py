@@ -50,6 +50,21 @@ def test_run_reports_every_method_and_checks_outputs(saved_models, draft, tmp_pa
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_dynamic_drafting_is_benchmarked_beside_fixed_k(saved_models):
+    pair = bench.load_pair(saved_models["target"], saved_models["draft"])
+    summary = bench.run(pair, PROMPTS, ks=[4], max_new_tokens=16, hf_assisted=False, progress=False,
+                        min_draft_confidence=0.9)
+    config = summary["configs"][0]
+    assert config["speculative_dynamic_identical_outputs"] is True and config["speculative_dynamic_speedup"] > 0
+    dynamic = config["dynamic"]
+    assert dynamic["min_draft_confidence"] == 0.9
+    assert dynamic["drafted_per_iteration"] < 4  # the 0.9 bar stops drafts early
+    assert dynamic["draft_forward_calls_per_iteration"] == pytest.approx(dynamic["drafted_per_iteration"])
+    assert 0 <= dynamic["acceptance_rate"] <= dynamic["acceptance_probability"] <= 1
+    with pytest.raises(ValueError, match="needs a draft model"):
+        bench.run(bench.load_pair(saved_models["target"], "ngram"), PROMPTS, ks=[2], min_draft_confidence=0.5)
+
+
 def test_cli_writes_json_and_plot(saved_models, tmp_path):
     env = os.environ | {"HF_HUB_OFFLINE": "1"}
     result = subprocess.run(

@@ -42,6 +42,21 @@ def test_speculative_matches_generate(family_pair, k, prompt_len):
         assert stats.iterations + (prompt_len > 1) == stats.target_forward_calls
 
 
+@pytest.mark.parametrize("min_confidence", [0.3, 0.99])
+def test_dynamic_draft_length_keeps_greedy_identity(family_pair, min_confidence):
+    _, target, noisy_draft, small_draft = family_pair
+    ids = prompt(9, seed=3)
+    expected = reference(target, ids, 48)
+    for draft in (noisy_draft, small_draft):
+        out = speculative_generate(target, draft, ids, max_new_tokens=48, num_draft_tokens=4,
+                                   min_draft_confidence=min_confidence)
+        assert torch.equal(out.sequences, expected)
+        stats = out.stats
+        assert stats.draft_forward_calls == stats.drafted_tokens  # passes stop with the draft
+        if min_confidence == 0.99:  # almost every draft is unsure of its first token
+            assert stats.drafted_tokens < 2 * stats.iterations
+
+
 def test_noisy_draft_exercises_every_acceptance_length(family_pair):
     """The identity tests above are only convincing if partial acceptance really happens."""
     _, target, noisy_draft, _ = family_pair

@@ -143,3 +143,20 @@ def test_warping_matches_transformers(temperature, top_k, top_p):
         expected = warper(None, expected)
     ours = Sampler(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p).probs(logits)
     torch.testing.assert_close(ours, expected.softmax(-1), atol=1e-6, rtol=1e-5)
+
+
+def test_dynamic_draft_length_is_exact(tiny_pair):
+    """A draft that stops early on a token it is unsure of (min_draft_confidence) keeps
+    sampling exact: whether to go on depends only on the drafted prefix, never on the target."""
+    target, draft = tiny_pair
+    sampler = Sampler(do_sample=True)
+    with torch.inference_mode():
+        q = sampler.probs(draft(PROMPT).logits[0, -1]).sort().values
+    # Between the two likeliest first drafts: one goes on to a second draft, the others stop.
+    threshold = float(q[-1] + q[-2]) / 2
+    counts = sample_counts(
+        lambda g: speculative_generate(target, draft, PROMPT, max_new_tokens=3, num_draft_tokens=2, do_sample=True,
+                                       generator=g, eos_token_id=[], min_draft_confidence=threshold)
+    )
+    assert chi_square_pvalue(counts, exact_joint(target, sampler)) > 1e-3
+    assert chi_square_pvalue(counts, exact_joint(draft, sampler)) < 1e-6

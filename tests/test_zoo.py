@@ -15,7 +15,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdec_ref.zoo import NAMES, ZOO_DIR, load, load_tokenizer, resolve, resolve_tokenizer
 from specdec_ref.zoo.corpus import build_corpus, heldout_prompts, is_test_file
-from specdec_ref.zoo.evaluate import loop_period
+from specdec_ref.zoo.train import topk_distill_loss
+from specdec_ref.zoo.evaluate import evaluate, loop_period
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,6 +31,15 @@ def tiny_zoo(tmp_path_factory) -> Path:
     return out
 
 
+def test_evaluation_runs_every_drafter_on_the_tiny_zoo(tiny_zoo: Path) -> None:
+    res = evaluate(tiny_zoo, n_prompts=2, k=3, new_tokens=12, min_confidence=0.5)
+    for name in ("draft", "xtok", "draft_dynamic", "xtok_dynamic"):
+        assert res[f"{name}_equals_target_greedy"] == "2/2"
+        assert 0 <= res[f"{name}_acceptance"] <= res[f"{name}_acceptance_probability"] <= 1
+    assert res["draft_drafted_per_iteration"] <= 3 and res["draft_dynamic_drafted_per_iteration"] <= 3
+    assert len(res["samples"]) == 2 and res["min_confidence"] == 0.5
+
+
 @pytest.mark.slow
 def test_tiny_recipe_output_loads_with_transformers(tiny_zoo: Path) -> None:
     for name in ("target", "draft", "draft-xtok"):
@@ -42,6 +52,9 @@ def test_tiny_recipe_output_loads_with_transformers(tiny_zoo: Path) -> None:
         assert model.generation_config.pad_token_id == tok.pad_token_id
     info = json.loads((tiny_zoo / "manifest.json").read_text())
     assert info["target"]["steps"] == 4 and info["draft"]["steps"] == 3
+    # the last stage: both drafts fine-tuned on the target's greedy continuations
+    assert info["greedy"]["sequences"] > 0 and info["greedy"]["generated_tokens"] > 0
+    assert info["draft-tune"]["steps"] == 3 and info["xtok-tune"]["steps"] == 3
     assert len(info["corpus"]["sha256"]) == 64
     assert "draft/model.safetensors" in info["files"]
     assert not any(f.startswith("_work") for f in info["files"])  # checkpoints are not shipped
@@ -139,3 +152,19 @@ def test_loop_period_is_measured_on_text():
     assert loop_period("ab" * 40) is None  # too short to judge
     fresh = "".join(f"value_{i} = compute({i}, {i * i})\n" for i in range(20))
     assert loop_period(fresh) is None
+
+
+def test_topk_distillation_is_cross_entropy_to_the_teachers_distribution():
+    from factories import build
+
+    teacher, other = build("llama", 32, 1, seed=0, vocab=16), build("llama", 32, 1, seed=1, vocab=16)
+    ids, prompt_len = torch.tensor([1, 5, 7, 3, 9, 4]), 3
+    with torch.no_grad():
+        logp = teacher(ids[None]).logits[0].log_softmax(-1)[prompt_len - 1:-1]  # predicts ids[3:]
+    top = logp.topk(16)  # the whole vocabulary: nothing is cut off
+    record = {"ids": ids, "prompt_len": prompt_len, "top_ids": top.indices.short(), "top_logp": top.values.half()}
+    entropy = -(logp.exp() * logp).sum(-1).mean()
+    with torch.no_grad():
+        assert topk_distill_loss(teacher, pad=0)([record]).item() == pytest.approx(entropy.item(), abs=1e-2)
+        # Gibbs: any other student pays the KL divergence on top of the entropy
+        assert topk_distill_loss(other, pad=0)([record]).item() > entropy.item() + 0.05

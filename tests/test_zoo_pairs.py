@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec_ref import PromptLookupDrafter, autoregressive_generate, compare_tokenizers, speculative_generate, zoo
+from specdec_ref import GenerationStats, PromptLookupDrafter, autoregressive_generate, compare_tokenizers, speculative_generate, zoo
 from specdec_ref.zoo.corpus import heldout_prompts
 
 
@@ -23,19 +23,24 @@ def prompts(zoo_models):
     return [tokenizer(p, return_tensors="pt").input_ids for p in heldout_prompts(3)]
 
 
-@pytest.mark.parametrize("drafter", ["draft", "draft-xtok", "ngram"])
-def test_greedy_identity_on_the_zoo(zoo_models, prompts, drafter):
+@pytest.mark.parametrize("drafter, min_confidence", [("draft", None), ("draft", 0.4), ("draft-xtok", None),
+                                                     ("draft-xtok", 0.4), ("ngram", None)])
+def test_greedy_identity_on_the_zoo(zoo_models, prompts, drafter, min_confidence):
     target, tokenizer, draft, xtok, xtok_tokenizer = zoo_models
     kwargs = {"draft": draft, "draft-xtok": xtok, "ngram": PromptLookupDrafter()}[drafter]
     tokenizers = ({"target_tokenizer": tokenizer, "draft_tokenizer": xtok_tokenizer}
                   if drafter == "draft-xtok" else {})
-    accepted = 0
+    runs = []
     for ids in prompts:
         expected = autoregressive_generate(target, ids, max_new_tokens=64).sequences
-        out = speculative_generate(target, kwargs, ids, max_new_tokens=64, num_draft_tokens=4, **tokenizers)
+        out = speculative_generate(target, kwargs, ids, max_new_tokens=64, num_draft_tokens=4,
+                                   min_draft_confidence=min_confidence, **tokenizers)
         assert torch.equal(out.sequences, expected)
-        accepted += out.stats.accepted_tokens
-    assert accepted > 0  # the drafts really are used, not just verified away
+        runs.append(out.stats)
+    total = GenerationStats.combined(runs)
+    assert total.accepted_tokens > 0  # the drafts really are used, not just verified away
+    if min_confidence is not None:  # unsure drafts stop early: fewer draft passes than k (+1 for UAG)
+        assert total.draft_forward_calls < 4 * total.iterations
 
 
 def test_zoo_tokenizer_reports():

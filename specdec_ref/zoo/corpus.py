@@ -185,27 +185,32 @@ def is_test_file(name: str) -> bool:
     return any(part in ("test", "tests", "idle_test") for part in name.split("/")[:-1])
 
 
-def heldout_prompts(n: int = 32, corpus: Corpus | None = None, seed: int = 0,
-                    min_chars: int = 100, max_chars: int = 400) -> list[str]:
-    """``n`` evaluation prompts: openings of held-out library functions and classes.
+def code_prompts(docs: dict[str, str], min_chars: int = 100, max_chars: int = 400) -> list[str]:
+    """Every opening of a library (non-test) function or class in ``docs``, in file order.
 
-    Test files are left out: their ``self.assertEqual`` runs are easier to predict than
-    the library code the lessons show, and would flatter acceptance rates.
-    Each prompt starts at a ``def``/``class`` line of a held-out file and ends with a
-    complete statement, 100-400 characters long, *without* its final line break:
+    Each starts at a ``def``/``class`` line and ends with a complete statement,
+    ``min_chars``-``max_chars`` characters long, *without* its final line break:
     tokenizer A glues a newline to the next line's indentation ("\\n        "), so a
     prompt ending in a lone "\\n" token tells the model the next line is not indented
     and it abandons the function it was given.
+    Test files are left out: their ``self.assertEqual`` runs are easier to predict than
+    the library code the lessons show, and would flatter acceptance rates.
     """
-    corpus = corpus or build_corpus()
-    candidates = []
-    for name in sorted(n for n in corpus.heldout if not is_test_file(n)):
-        lines = corpus.heldout[name].splitlines()
+    prompts = []
+    for name in sorted(n for n in docs if not is_test_file(n)):
+        lines = docs[name].splitlines()
         for i, line in enumerate(lines):
             if re.match(r"\s*(async\s+)?(def|class)\s", line):
                 prompt = _prompt_from(lines, i, min_chars, max_chars)
                 if prompt:
-                    candidates.append(prompt)
+                    prompts.append(prompt)
+    return prompts
+
+
+def heldout_prompts(n: int = 32, corpus: Corpus | None = None, seed: int = 0,
+                    min_chars: int = 100, max_chars: int = 400) -> list[str]:
+    """``n`` evaluation prompts, drawn (seeded) from ``code_prompts`` of the held-out files."""
+    candidates = code_prompts((corpus or build_corpus()).heldout, min_chars, max_chars)
     if len(candidates) < n:
         raise ValueError(f"only {len(candidates)} held-out prompts available, asked for {n}")
     return random.Random(seed).sample(candidates, n)

@@ -1,6 +1,7 @@
 """Measure the zoo against its quality bars (figures for zoo/MODELS.md).
 
     python -m specdec_ref.zoo.evaluate [--zoo DIR] [--prompts 24] [--k 4] [--new-tokens 128]
+                                       [--min-confidence 0.4]
 
 On held-out prompts (``corpus.heldout_prompts``), greedy, it reports:
 - ``draft`` vs ``target``: acceptance rate (accepted / drafted), acceptance probability
@@ -8,7 +9,9 @@ On held-out prompts (``corpus.heldout_prompts``), greedy, it reports:
   ``specdec_ref.speculative_generate`` with k draft tokens.
 - ``draft-xtok`` vs ``target`` through the cross-tokenizer path (Universal Assisted
   Generation, ``specdec_ref.uag``): the same figures, counted in target tokens.
-- that both speculative outputs equal the target's own greedy output.
+- the same with dynamic draft length (``*_dynamic``): k is the most drafts per
+  iteration, and a draft stops after a token it gave less than ``--min-confidence``.
+- that every speculative output equals the target's own greedy output.
 - whether the target's greedy outputs end in a loop, and its period in characters.
 """
 
@@ -45,13 +48,16 @@ def loop_period(text: str, tail: int = 160) -> int | None:
     return next((p for p in range(1, tail // 2 + 1) if end[p:] == end[:-p]), None)
 
 
-def evaluate(zoo_dir: Path = ZOO_DIR, n_prompts: int = 24, k: int = 4, new_tokens: int = 128) -> dict:
+def evaluate(zoo_dir: Path = ZOO_DIR, n_prompts: int = 24, k: int = 4, new_tokens: int = 128,
+             min_confidence: float = 0.4) -> dict:
     """All figures of the model card as a dict (acceptance, loops, samples)."""
     target, tok = load("zoo:target", zoo_dir=zoo_dir)
     draft, _ = load("zoo:draft", zoo_dir=zoo_dir)
     xtok, tok_x = load("zoo:draft-xtok", zoo_dir=zoo_dir)
     drafters = {"draft": {"draft": draft},
                 "xtok": {"draft": xtok, "target_tokenizer": tok, "draft_tokenizer": tok_x}}
+    drafters |= {f"{name}_dynamic": {**kwargs, "min_draft_confidence": min_confidence}
+                 for name, kwargs in drafters.items()}
     runs: dict[str, list] = {name: [] for name in drafters}  # per prompt: (stats, identical)
     looping, samples = [], []
     for text in heldout_prompts(n_prompts):
@@ -66,7 +72,7 @@ def evaluate(zoo_dir: Path = ZOO_DIR, n_prompts: int = 24, k: int = 4, new_token
         looping.append(loop_period(continuation))
         samples.append({"prompt": text, "target": continuation, "loop_period_chars": looping[-1]})
 
-    figures = {"prompts": n_prompts, "k": k, "new_tokens": new_tokens}
+    figures = {"prompts": n_prompts, "k": k, "new_tokens": new_tokens, "min_confidence": min_confidence}
     for name, results in runs.items():
         stats = [s for s, _ in results]
         total = GenerationStats.combined(stats)
@@ -76,6 +82,7 @@ def evaluate(zoo_dir: Path = ZOO_DIR, n_prompts: int = 24, k: int = 4, new_token
         fresh = GenerationStats.combined(s for s, period in zip(stats, looping) if period is None)
         figures[f"{name}_acceptance_without_looping_outputs"] = round(fresh.acceptance_rate, 4)
         figures[f"{name}_tokens_per_target_pass"] = round(total.tokens_per_target_pass, 3)
+        figures[f"{name}_drafted_per_iteration"] = round(total.drafted_tokens / total.iterations, 3)
         figures[f"{name}_acceptance_per_prompt"] = [round(s.acceptance_rate, 3) for s in stats]
         figures[f"{name}_equals_target_greedy"] = f"{sum(same for _, same in results)}/{n_prompts}"
     return {**figures, "target_outputs_looping": sum(p is not None for p in looping),
@@ -88,9 +95,10 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=24)
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--min-confidence", type=float, default=0.4, help="for the *_dynamic figures")
     p.add_argument("--json", type=Path, help="also write the results here")
     args = p.parse_args()
-    res = evaluate(args.zoo, args.prompts, args.k, args.new_tokens)
+    res = evaluate(args.zoo, args.prompts, args.k, args.new_tokens, args.min_confidence)
     if args.json:
         args.json.write_text(json.dumps(res, indent=2) + "\n")
     print(json.dumps({k: v for k, v in res.items() if k != "samples"}, indent=2))

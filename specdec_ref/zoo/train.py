@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import shutil
 import time
 from dataclasses import asdict, dataclass, replace
@@ -39,7 +40,7 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from specdec_ref.zoo import sha256_file
-from specdec_ref.zoo.corpus import EOS, Corpus, build_corpus
+from specdec_ref.zoo.corpus import EOS, Corpus, build_corpus, code_prompts
 
 PAD = "<|pad|>"
 SPECIAL_TOKENS = [EOS, PAD, "<|im_start|>", "<|im_end|>"]
@@ -87,6 +88,11 @@ class Budget:
     xtok_minutes: float
     sample_prompt_len: int = 64
     sample_new_tokens: int = 128
+    # The drafts' last stage: fine-tuning on the target's greedy continuations.
+    greedy_batches: int | None = None
+    greedy_minutes: float = 0
+    tune_steps: int | None = None
+    tune_minutes: float = 0
 
 
 BUDGETS = {
@@ -95,7 +101,7 @@ BUDGETS = {
         target=Arch(64, 2, 2, 128), draft=Arch(64, 1, 2, 96), xtok=Arch(64, 1, 2, 96),
         seq_len=32, batch=4, target_steps=4, target_minutes=0, sample_batches=2,
         sample_minutes=0, draft_steps=3, draft_minutes=0, xtok_steps=3, xtok_minutes=0,
-        sample_prompt_len=16, sample_new_tokens=16,
+        sample_prompt_len=16, sample_new_tokens=16, greedy_batches=2, tune_steps=3,
     ),
     # A small vocabulary A keeps the draft's parameters (at most 1/15 of the target's)
     # in its transformer layers rather than its embedding table.
@@ -104,6 +110,7 @@ BUDGETS = {
         target=Arch(512, 7, 8, 1376), draft=Arch(192, 2, 6, 640), xtok=Arch(192, 2, 6, 576),
         seq_len=256, batch=16, target_steps=None, target_minutes=55, sample_batches=None,
         sample_minutes=8, draft_steps=None, draft_minutes=25, xtok_steps=None, xtok_minutes=15,
+        greedy_minutes=28, tune_minutes=8,
     ),
 }
 
@@ -237,7 +244,8 @@ def fit(model: torch.nn.Module, batch_fn: Callable[[int], torch.Tensor],
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
-        tokens += batch[:, :-1].numel()
+        # a batch is a tensor of windows, or (tune stage) a list of greedy-continuation records
+        tokens += sum(len(r["ids"]) - 1 for r in batch) if isinstance(batch, list) else batch[:, :-1].numel()
         losses.append(loss.item())
         now = time.time()
         new_elapsed = now - start
@@ -318,6 +326,43 @@ def sample_target(target: LlamaForCausalLM, stream: np.ndarray, budget: Budget, 
     return out
 
 
+@torch.no_grad()
+def greedy_continuations(target: LlamaForCausalLM, tok: PreTrainedTokenizerFast, prompts: list[str],
+                         budget: Budget, top_k: int = 32) -> list[dict]:
+    """The target's greedy continuations of ``prompts``, with its top-``top_k``
+    log-probabilities at every generated position.
+
+    This is exactly what acceptance is measured on (greedy continuations of function
+    openings), and the stored log-probs let the draft learn the target's distribution
+    there without running the target again. Each record: ``ids`` (prompt + continuation,
+    cut after EOS), ``prompt_len``, ``top_ids`` [n, top_k] and ``top_logp`` [n, top_k].
+    """
+    eos = target.generation_config.eos_token_id
+    batch = budget.batch * 4
+    out: list[dict] = []
+    start, i = time.time(), 0
+    total = budget.greedy_batches or int(60 * budget.greedy_minutes)
+    bar = tqdm(total=total, desc="greedy", unit="batch" if budget.greedy_batches else "s")
+    while (i < budget.greedy_batches) if budget.greedy_batches else (time.time() - start < 60 * budget.greedy_minutes):
+        chunk = prompts[(i * batch) % len(prompts):][:batch]
+        enc = tok(chunk, add_special_tokens=False, return_tensors="pt", padding=True, padding_side="left")
+        gen = target.generate(**enc, max_new_tokens=budget.sample_new_tokens, do_sample=False,
+                              output_logits=True, return_dict_in_generate=True)
+        logp = torch.stack(gen.logits, 1).float().log_softmax(-1)
+        top = logp.topk(top_k, dim=-1)
+        width = enc.input_ids.shape[1]
+        for row, mask, top_i, top_v in zip(gen.sequences, enc.attention_mask, top.indices, top.values):
+            new = row[width:].tolist()
+            n = new.index(eos) + 1 if eos in new else len(new)
+            prompt = row[:width][mask.bool()]
+            out.append({"ids": torch.cat([prompt, row[width:width + n]]), "prompt_len": len(prompt),
+                        "top_ids": top_i[:n].to(torch.int16), "top_logp": top_v[:n].half()})
+        i += 1
+        bar.update(1 if budget.greedy_batches else int(time.time() - start) - bar.n)
+    bar.close()
+    return out
+
+
 def mixed_batches(a: np.ndarray, b: np.ndarray, budget: Budget, seed: int) -> Callable[[int], torch.Tensor]:
     """Half the rows from stream ``a`` (corpus), half from ``b`` (target samples)."""
     def batch(step: int) -> torch.Tensor:
@@ -326,6 +371,54 @@ def mixed_batches(a: np.ndarray, b: np.ndarray, budget: Budget, seed: int) -> Ca
         return torch.cat([windows(a, budget.batch - half, budget.seq_len, gen),
                           windows(b, half, budget.seq_len, gen)])
     return batch
+
+
+def padded(seqs: list[torch.Tensor], pad: int) -> torch.Tensor:
+    """Right-pad 1-D id tensors into one [n, max_len] batch."""
+    return torch.nn.utils.rnn.pad_sequence([q.long() for q in seqs], batch_first=True, padding_value=pad)
+
+
+def greedy_batches(records: list[dict], budget: Budget, seed: int) -> Callable[[int], list[dict]]:
+    """``budget.batch`` random greedy-continuation records per step (deterministic in step)."""
+    def batch(step: int) -> list[dict]:
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        return [records[i] for i in torch.randint(0, len(records), (budget.batch,), generator=gen).tolist()]
+    return batch
+
+
+def topk_distill_loss(student: torch.nn.Module, pad: int) -> Callable[[list[dict]], torch.Tensor]:
+    """Cross-entropy to the target's stored top-k distribution (renormalised) at every
+    generated position: forward KL up to a constant, with no target forward pass."""
+    def loss(records: list[dict]) -> torch.Tensor:
+        ids = padded([r["ids"][:-1] for r in records], pad)
+        logp = F.log_softmax(student(ids).logits.float(), dim=-1)
+        total, count = 0.0, 0
+        for row, r in zip(logp, records):
+            n = len(r["top_ids"])
+            # position t predicts token t + 1: the first generated token comes from prompt_len - 1
+            s_logp = row[r["prompt_len"] - 1:r["prompt_len"] - 1 + n].gather(-1, r["top_ids"].long())
+            t_prob = F.softmax(r["top_logp"].float(), dim=-1)
+            total = total - (t_prob * s_logp).sum()
+            count += n
+        return total / count
+    return loss
+
+
+def text_lm_loss(student: torch.nn.Module, texts: list[str], tok: PreTrainedTokenizerFast,
+                 budget: Budget, seed: int) -> tuple[Callable[[int], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]:
+    """Batches and loss for next-token cross-entropy on whole ``texts`` encoded with ``tok``
+    (padding ignored): how the cross-tokenizer draft learns the target's continuations."""
+    pad = tok.convert_tokens_to_ids(PAD)
+    encoded = [torch.tensor(e) for e in tok(texts, add_special_tokens=False)["input_ids"]]
+
+    def batch(step: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        return padded([encoded[i] for i in torch.randint(0, len(encoded), (budget.batch,), generator=gen).tolist()], pad)
+
+    def loss(ids: torch.Tensor) -> torch.Tensor:
+        logits = student(ids[:, :-1]).logits.float()
+        return F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(), ignore_index=pad)
+    return batch, loss
 
 
 # ----------------------------------------------------------------------------- manifest
@@ -428,6 +521,34 @@ def build(out: Path, budget_name: str = "full", seed: int = 0, resume: bool = Fa
                   desc="draft-xtok", ckpt=work / "draft-xtok.pt")
         save_model(xtok, tok_b, out / "draft-xtok")
         done("draft-xtok", {**rec, **ppl_record(xtok, held_b, len(held_b))})
+
+    # Both drafts fine-tuned on the target's greedy continuations of library prompts:
+    # the very distribution acceptance is measured on.
+    if not (resume and "draft-tune" in info):
+        greedy_path = work / "greedy.pt"
+        if resume and greedy_path.exists():
+            greedy = torch.load(greedy_path)
+        else:
+            prompts = code_prompts(corpus.train)
+            random.Random(seed).shuffle(prompts)
+            greedy = greedy_continuations(target, tok_a, prompts, budget)
+            torch.save(greedy, greedy_path)
+            done("greedy", {"sequences": len(greedy), "generated_tokens": sum(len(r["top_ids"]) for r in greedy)})
+        draft = LlamaForCausalLM.from_pretrained(out / "draft", dtype=torch.float32)
+        rec = fit(draft, greedy_batches(greedy, budget, seed + 3), topk_distill_loss(draft, tok_a.pad_token_id),
+                  steps=budget.tune_steps, minutes=budget.tune_minutes, lr=1e-3, desc="draft-tune",
+                  ckpt=work / "draft-tune.pt", warmup=50)
+        save_model(draft, tok_a, out / "draft")
+        done("draft-tune", {**rec, **ppl_record(draft, held_a, len(held_a))})
+    if not (resume and "xtok-tune" in info):
+        greedy = torch.load(work / "greedy.pt")
+        xtok = LlamaForCausalLM.from_pretrained(out / "draft-xtok", dtype=torch.float32)
+        batch, loss = text_lm_loss(xtok, tok_a.batch_decode([r["ids"] for r in greedy], skip_special_tokens=True),
+                                   tok_b, budget, seed + 4)
+        rec = fit(xtok, batch, loss, steps=budget.tune_steps, minutes=budget.tune_minutes, lr=1e-3,
+                  desc="xtok-tune", ckpt=work / "xtok-tune.pt", warmup=50)
+        save_model(xtok, tok_b, out / "draft-xtok")
+        done("xtok-tune", {**rec, **ppl_record(xtok, held_b, len(held_b))})
 
     # Chat variants: tokenizer A plus a chat template, pointing at existing weights
     for name, template in CHAT_TEMPLATES.items():
