@@ -51,6 +51,8 @@ def demo(args: argparse.Namespace) -> None:
     from . import bench, speculative_generate
     from .tokenizer_compat import compare_tokenizers
 
+    args.min_confidence = args.min_confidence or None  # 0 skips the dynamic run
+
     pair = bench.load_pair("zoo:target", "zoo:draft")
     tokenizer = pair.target_tokenizer
     n_target = sum(p.numel() for p in pair.target.parameters())
@@ -68,12 +70,19 @@ def demo(args: argparse.Namespace) -> None:
     print(out.stats)
 
     print(f"\n--- benchmark: {len(prompts)} held-out prompts, {args.max_new_tokens} new tokens each ---")
-    summary = bench.run(pair, prompts, [args.k], args.max_new_tokens, hf_assisted=not args.no_hf)
+    summary = bench.run(pair, prompts, [args.k], args.max_new_tokens, hf_assisted=not args.no_hf,
+                        min_draft_confidence=args.min_confidence)
     result = summary["configs"][0]
     base = summary["baseline"]["tokens_per_second"]
     print(f"baseline (target alone)      {base:7.1f} tokens/s")
     print(f"speculative (specdec_ref)    {result['speculative_tokens_per_second']:7.1f} tokens/s  "
           f"speedup {result['speculative_speedup']:.2f}x")
+    if args.min_confidence is not None:
+        dynamic = result["dynamic"]
+        print(f"  dynamic k <= {args.k}           {result['speculative_dynamic_tokens_per_second']:7.1f} tokens/s  "
+              f"speedup {result['speculative_dynamic_speedup']:.2f}x  (the draft stops below confidence "
+              f"{args.min_confidence}: {dynamic['drafted_per_iteration']:.2f} drafts per iteration, "
+              f"acceptance rate {dynamic['acceptance_rate']:.3f})")
     if not args.no_hf:
         print(f"transformers assisted        {result['hf_assisted_tokens_per_second']:7.1f} tokens/s  "
               f"speedup {result['hf_assisted_speedup']:.2f}x")
@@ -85,7 +94,8 @@ def demo(args: argparse.Namespace) -> None:
           f"c={costs['cost_ratio']:.3f}, verify cost v({args.k})={costs['verify_costs'][args.k]:.2f}; "
           f"{result['predicted_speedup_from_tau']:.2f}x from the measured tokens per pass; "
           f"measured {result['speculative_speedup']:.2f}x")
-    identical = result["speculative_identical_outputs"] and result.get("hf_assisted_identical_outputs", True)
+    identical = all(result.get(f"{name}_identical_outputs", True)
+                    for name in ("speculative", "speculative_dynamic", "hf_assisted"))
     print(f"outputs identical to the target's greedy decoding: {'yes' if identical else 'NO'}")
 
     _print_roofline(summary["target_weight_bytes"], measure_this_machine())
@@ -159,6 +169,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--prompts", type=int, default=12)
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--min-confidence", type=float, default=0.4,
+                   help="also show dynamic draft length with this confidence bar (0 skips it)")
     p.add_argument("--plot", default="out/demo.png")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
     p.set_defaults(func=demo)

@@ -93,7 +93,7 @@ def test_demo_runs_on_the_shipped_zoo(tmp_path):
         [sys.executable, "-m", "specdec_ref", "demo", "--prompts", "2", "--max-new-tokens", "24",
          "--plot", str(tmp_path / "demo.png")], capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr
-    for line in ("baseline (target alone)", "speculative (specdec_ref)", "transformers assisted",
+    for line in ("baseline (target alone)", "speculative (specdec_ref)", "dynamic k <= 4", "transformers assisted",
                  "acceptance rate", "predicted speedup", "bandwidth achieved",
                  "outputs identical to the target's greedy decoding: yes"):
         assert line in result.stdout, line

@@ -12,8 +12,12 @@ Stages, in order (``--resume`` skips those whose output already exists in OUT):
                 text and on the target's samples
   6. draft-xtok tokenizer B, trained on corpus text and on the target's samples
                 decoded to text and re-encoded, so it imitates the target at text level
-  7. chat       tokenizer-only variants that differ from A only in chat_template
-  8. manifest   sha256 of every shipped file, sizes and training figures
+  7. greedy     the target's greedy continuations of library function openings, with
+                its top-32 log-probabilities at every generated position
+  8. tune       both drafts fine-tuned on those continuations (draft: cross-entropy to
+                the stored distributions; draft-xtok: the text re-encoded with B)
+  9. chat       tokenizer-only variants that differ from A only in chat_template
+ 10. manifest   sha256 of every shipped file, sizes and training figures
 
 Budgets are wall-clock minutes (``full``) or step counts (``tiny``, for the test);
 the learning-rate schedule follows whichever one is set, so a timed run always
@@ -560,6 +564,9 @@ def build(out: Path, budget_name: str = "full", seed: int = 0, resume: bool = Fa
     return info
 
 
+STAGES_WITH_MINUTES = ("target", "sample", "draft", "xtok", "greedy", "tune")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="output folder (the zoo layout)")
@@ -567,11 +574,11 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="keep finished stages and checkpoints in OUT")
     p.add_argument("--threads", type=int, default=2)
-    for stage in ("target", "sample", "draft", "xtok"):
+    for stage in STAGES_WITH_MINUTES:
         p.add_argument(f"--{stage}-minutes", type=float, help=f"wall-clock budget of the {stage} stage")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    overrides = {f"{s}_minutes": getattr(args, f"{s}_minutes") for s in ("target", "sample", "draft", "xtok")
+    overrides = {f"{s}_minutes": getattr(args, f"{s}_minutes") for s in STAGES_WITH_MINUTES
                  if getattr(args, f"{s}_minutes") is not None}
     info = build(args.out, args.budget, args.seed, args.resume, overrides)
     print(json.dumps({k: v for k, v in info.items() if k != "budget"}, indent=2))
