@@ -237,12 +237,15 @@ def plot(summary: dict, path: str) -> None:
     left.plot(ks, [c["speculative_speedup"] for c in configs], "o-", label="specdec_ref (measured)")
     left.plot(ks, [c["predicted_speedup"] for c in configs], "s--", label="predicted from measured a, c, v(k)")
     left.plot(ks, [c["predicted_speedup_from_tau"] for c in configs], "d:", label="predicted from measured tau, c, v(k)")
+    if "dynamic" in configs[0]:
+        left.plot(ks, [c["speculative_dynamic_speedup"] for c in configs], "v-",
+                  label=f"specdec_ref, dynamic k (confidence >= {configs[0]['dynamic']['min_draft_confidence']})")
     if "hf_assisted_speedup" in configs[0]:
         left.plot(ks, [c["hf_assisted_speedup"] for c in configs], "^-", label="transformers assisted (measured)")
     left.axhline(1.0, color="grey", lw=1, label="baseline (break-even)")
     left.set(xlabel="k (draft tokens per iteration)", ylabel="speedup over the baseline",
              title=f"{summary['prompts']} prompts, {summary['max_new_tokens']} new tokens")
-    left.legend()
+    left.legend(fontsize="small")
     best = next(c for c in configs if c["k"] == summary["best_k"])
     right.bar(range(len(best["accepted_histogram"])), best["accepted_histogram"])
     right.set(xlabel="drafts accepted in the iteration", ylabel="iterations",

@@ -50,7 +50,7 @@ def test_run_reports_every_method_and_checks_outputs(saved_models, draft, tmp_pa
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_dynamic_drafting_is_benchmarked_beside_fixed_k(saved_models):
+def test_dynamic_drafting_is_benchmarked_beside_fixed_k(saved_models, tmp_path):
     pair = bench.load_pair(saved_models["target"], saved_models["draft"])
     summary = bench.run(pair, PROMPTS, ks=[4], max_new_tokens=16, hf_assisted=False, progress=False,
                         min_draft_confidence=0.9)
@@ -61,6 +61,8 @@ def test_dynamic_drafting_is_benchmarked_beside_fixed_k(saved_models):
     assert dynamic["drafted_per_iteration"] < 4  # the 0.9 bar stops drafts early
     assert dynamic["draft_forward_calls_per_iteration"] == pytest.approx(dynamic["drafted_per_iteration"])
     assert 0 <= dynamic["acceptance_rate"] <= dynamic["acceptance_probability"] <= 1
+    bench.plot(summary, str(tmp_path / "dynamic.png"))
+    assert (tmp_path / "dynamic.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError, match="needs a draft model"):
         bench.run(bench.load_pair(saved_models["target"], "ngram"), PROMPTS, ks=[2], min_draft_confidence=0.5)
 
