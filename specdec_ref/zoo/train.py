@@ -354,13 +354,14 @@ def greedy_continuations(target: LlamaForCausalLM, tok: PreTrainedTokenizerFast,
                               output_logits=True, return_dict_in_generate=True)
         logp = torch.stack(gen.logits, 1).float().log_softmax(-1)
         top = logp.topk(top_k, dim=-1)
+        id_dtype = torch.int16 if logp.shape[-1] <= 2**15 else torch.int32  # halves the stored ids
         width = enc.input_ids.shape[1]
         for row, mask, top_i, top_v in zip(gen.sequences, enc.attention_mask, top.indices, top.values):
             new = row[width:].tolist()
             n = new.index(eos) + 1 if eos in new else len(new)
             prompt = row[:width][mask.bool()]
             out.append({"ids": torch.cat([prompt, row[width:width + n]]), "prompt_len": len(prompt),
-                        "top_ids": top_i[:n].to(torch.int16), "top_logp": top_v[:n].half()})
+                        "top_ids": top_i[:n].to(id_dtype), "top_logp": top_v[:n].half()})
         i += 1
         bar.update(1 if budget.greedy_batches else int(time.time() - start) - bar.n)
     bar.close()
