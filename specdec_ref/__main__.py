@@ -118,10 +118,11 @@ def run_bench(args: argparse.Namespace) -> None:
     prompts = _prompts(args.prompts)
     if args.repeat_prompts:
         prompts = bench.repetition_prompts(prompts)
-    if args.min_confidence is not None and pair.prompt_lookup:
-        sys.exit("error: --min-confidence needs a draft model (prompt lookup has no confidence)")
-    summary = bench.run(pair, prompts, ks, args.max_new_tokens, hf_assisted=not args.no_hf,
-                        min_draft_confidence=args.min_confidence)
+    try:
+        summary = bench.run(pair, prompts, ks, args.max_new_tokens, hf_assisted=not args.no_hf,
+                            min_draft_confidence=args.min_confidence)
+    except ValueError as error:  # e.g. --min-confidence with prompt lookup, or out of (0, 1)
+        sys.exit(f"error: {error}")
     summary |= {"target": args.target, "draft": args.draft, "device": args.device, "dtype": args.dtype,
                 "repeat_prompts": args.repeat_prompts}
     for c in summary["configs"]:

@@ -179,20 +179,14 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
                 torch.equal(b["sequences"].cpu(), r["sequences"].cpu()) for b, r in zip(baseline, results))
         stats = [r["stats"] for r in runs[k]["speculative"]]
         total = GenerationStats.combined(stats)
-        # k for a draft model; k + 1 on the UAG path (see CrossTokenizerDrafter.propose).
-        draft_calls = total.draft_forward_calls / total.iterations
-        entry |= {
-            "acceptance_rate": total.acceptance_rate,
-            "acceptance_probability": total.acceptance_probability,  # the i.i.d. model's a
-            "tokens_per_target_pass": total.tokens_per_target_pass,
+        entry |= _acceptance_figures(total) | {
             "accepted_histogram": total.accepted_histogram,
             "predicted_speedup": roofline.expected_speedup(total.acceptance_probability, k, costs["cost_ratio"],
                                                            costs["verify_costs"][k]),
             # The same cost model fed the measured tokens per pass and draft passes per iteration
             # instead of the i.i.d. formula: where the two differ, acceptances are not independent.
             "predicted_speedup_from_tau": total.tokens_per_target_pass
-            / (draft_calls * costs["cost_ratio"] + costs["verify_costs"][k]),
-            "draft_forward_calls_per_iteration": draft_calls,
+            / (total.draft_forward_calls_per_iteration * costs["cost_ratio"] + costs["verify_costs"][k]),
             "bandwidth_achieved": statistics.median(
                 roofline.bandwidth_achieved(target_bytes, s.target_forward_calls, r["seconds"])
                 + roofline.bandwidth_achieved(draft_bytes, s.draft_forward_calls, r["seconds"])
@@ -202,18 +196,23 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
         }
         if min_draft_confidence is not None:
             dynamic = GenerationStats.combined(r["stats"] for r in runs[k]["speculative_dynamic"])
-            entry["dynamic"] = {
-                "min_draft_confidence": min_draft_confidence,
-                "acceptance_rate": dynamic.acceptance_rate,
-                "acceptance_probability": dynamic.acceptance_probability,
-                "tokens_per_target_pass": dynamic.tokens_per_target_pass,
-                "drafted_per_iteration": dynamic.drafted_tokens / dynamic.iterations,
-                "draft_forward_calls_per_iteration": dynamic.draft_forward_calls / dynamic.iterations,
-            }
+            entry["dynamic"] = {"min_draft_confidence": min_draft_confidence} | _acceptance_figures(dynamic)
         summary["configs"].append(entry)
     best = max(summary["configs"], key=lambda c: c["speculative_speedup"])
     summary["best_k"] = best["k"]
     return summary
+
+
+def _acceptance_figures(total: GenerationStats) -> dict:
+    """What a method's combined stats say about its drafts, for the summary."""
+    return {
+        "acceptance_rate": total.acceptance_rate,
+        "acceptance_probability": total.acceptance_probability,  # the i.i.d. model's a
+        "tokens_per_target_pass": total.tokens_per_target_pass,
+        "drafted_per_iteration": total.drafted_per_iteration,
+        # k for a draft model; k + 1 on the UAG path (see CrossTokenizerDrafter.propose).
+        "draft_forward_calls_per_iteration": total.draft_forward_calls_per_iteration,
+    }
 
 
 def _spread(values: list[float]) -> list[float]:

@@ -74,6 +74,16 @@ class GenerationStats:
         return self.new_tokens / self.iterations if self.iterations else 0.0
 
     @property
+    def drafted_per_iteration(self) -> float:
+        """Tokens proposed per iteration: k for a fixed draft length, less when drafts stop early."""
+        return self.drafted_tokens / self.iterations if self.iterations else 0.0
+
+    @property
+    def draft_forward_calls_per_iteration(self) -> float:
+        """Draft passes per iteration (k + 1 on the UAG path, fewer when drafts stop early)."""
+        return self.draft_forward_calls / self.iterations if self.iterations else 0.0
+
+    @property
     def bookkeeping_seconds(self) -> float:
         """Time that is neither drafting nor a target forward: acceptance, cache rollback, streaming."""
         return max(0.0, self.total_seconds - self.prefill_seconds - self.draft_seconds - self.verify_seconds)
@@ -84,8 +94,8 @@ class GenerationStats:
 
     def to_dict(self) -> dict:
         """A JSON-ready dict, derived figures included."""
-        derived = ("acceptance_rate", "acceptance_probability", "tokens_per_target_pass", "bookkeeping_seconds",
-                   "tokens_per_second")
+        derived = ("acceptance_rate", "acceptance_probability", "tokens_per_target_pass", "drafted_per_iteration",
+                   "draft_forward_calls_per_iteration", "bookkeeping_seconds", "tokens_per_second")
         return asdict(self) | {name: getattr(self, name) for name in derived}
 
     def __str__(self) -> str:

@@ -100,3 +100,10 @@ def test_demo_runs_on_the_shipped_zoo(tmp_path):
                  "outputs identical to the target's greedy decoding: yes"):
         assert line in result.stdout, line
     assert (tmp_path / "demo.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_rejects_min_confidence_without_a_draft_model(saved_models):
+    result = subprocess.run([sys.executable, "-m", "specdec_ref", "bench", "--target", saved_models["target"],
+                             "--draft", "ngram", "--k", "2", "--prompts", "1", "--min-confidence", "0.4"],
+                            capture_output=True, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"}, timeout=600)
+    assert result.returncode != 0 and "error: min_draft_confidence needs a draft model" in result.stderr

@@ -82,7 +82,7 @@ def evaluate(zoo_dir: Path = ZOO_DIR, n_prompts: int = 24, k: int = 4, new_token
         fresh = GenerationStats.combined(s for s, period in zip(stats, looping) if period is None)
         figures[f"{name}_acceptance_without_looping_outputs"] = round(fresh.acceptance_rate, 4)
         figures[f"{name}_tokens_per_target_pass"] = round(total.tokens_per_target_pass, 3)
-        figures[f"{name}_drafted_per_iteration"] = round(total.drafted_tokens / total.iterations, 3)
+        figures[f"{name}_drafted_per_iteration"] = round(total.drafted_per_iteration, 3)
         figures[f"{name}_acceptance_per_prompt"] = [round(s.acceptance_rate, 3) for s in stats]
         figures[f"{name}_equals_target_greedy"] = f"{sum(same for _, same in results)}/{n_prompts}"
     return {**figures, "target_outputs_looping": sum(p is not None for p in looping),

@@ -34,7 +34,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -302,6 +302,19 @@ def perplexity(model: torch.nn.Module, stream: np.ndarray, seq_len: int, max_win
     return math.exp(total / n)
 
 
+def budgeted(batches: int | None, minutes: float, desc: str) -> Iterator[int]:
+    """Batch indices 0, 1, ... until ``batches`` are done, or ``minutes`` have passed when
+    ``batches`` is None; with a progress bar in batches or seconds."""
+    start = time.time()
+    bar = tqdm(total=batches or int(60 * minutes), desc=desc, unit="batch" if batches else "s")
+    i = 0
+    while i < batches if batches else time.time() - start < 60 * minutes:
+        yield i
+        i += 1
+        bar.update(1 if batches else int(time.time() - start) - bar.n)
+    bar.close()
+
+
 @torch.no_grad()
 def sample_target(target: LlamaForCausalLM, stream: np.ndarray, budget: Budget, seed: int) -> list[list[int]]:
     """The target's continuations of random corpus snippets: two greedy batches, then
@@ -310,10 +323,7 @@ def sample_target(target: LlamaForCausalLM, stream: np.ndarray, budget: Budget, 
     eos = target.generation_config.eos_token_id
     gen = torch.Generator().manual_seed(seed)
     out: list[list[int]] = []
-    start, i = time.time(), 0
-    total = budget.sample_batches or int(60 * budget.sample_minutes)
-    bar = tqdm(total=total, desc="samples", unit="batch" if budget.sample_batches else "s")
-    while (i < budget.sample_batches) if budget.sample_batches else (time.time() - start < 60 * budget.sample_minutes):
+    for i in budgeted(budget.sample_batches, budget.sample_minutes, "samples"):
         prompts = windows(stream, budget.batch * 2, budget.sample_prompt_len - 1, gen)
         sampled = i % 3 == 2
         torch.manual_seed(seed + i)
@@ -324,9 +334,6 @@ def sample_target(target: LlamaForCausalLM, stream: np.ndarray, budget: Budget, 
         for row in seqs.tolist():
             cut = row.index(eos, budget.sample_prompt_len) + 1 if eos in row[budget.sample_prompt_len:] else len(row)
             out.append(row[:cut])
-        i += 1
-        bar.update(1 if budget.sample_batches else int(time.time() - start) - bar.n)
-    bar.close()
     return out
 
 
@@ -344,10 +351,7 @@ def greedy_continuations(target: LlamaForCausalLM, tok: PreTrainedTokenizerFast,
     eos = target.generation_config.eos_token_id
     batch = budget.batch * 4
     out: list[dict] = []
-    start, i = time.time(), 0
-    total = budget.greedy_batches or int(60 * budget.greedy_minutes)
-    bar = tqdm(total=total, desc="greedy", unit="batch" if budget.greedy_batches else "s")
-    while (i < budget.greedy_batches) if budget.greedy_batches else (time.time() - start < 60 * budget.greedy_minutes):
+    for i in budgeted(budget.greedy_batches, budget.greedy_minutes, "greedy"):
         chunk = prompts[(i * batch) % len(prompts):][:batch]
         enc = tok(chunk, add_special_tokens=False, return_tensors="pt", padding=True, padding_side="left")
         gen = target.generate(**enc, max_new_tokens=budget.sample_new_tokens, do_sample=False,
@@ -362,9 +366,6 @@ def greedy_continuations(target: LlamaForCausalLM, tok: PreTrainedTokenizerFast,
             prompt = row[:width][mask.bool()]
             out.append({"ids": torch.cat([prompt, row[width:width + n]]), "prompt_len": len(prompt),
                         "top_ids": top_i[:n].to(id_dtype), "top_logp": top_v[:n].half()})
-        i += 1
-        bar.update(1 if budget.greedy_batches else int(time.time() - start) - bar.n)
-    bar.close()
     return out
 
 
@@ -529,24 +530,24 @@ def build(out: Path, budget_name: str = "full", seed: int = 0, resume: bool = Fa
 
     # Both drafts fine-tuned on the target's greedy continuations of library prompts:
     # the very distribution acceptance is measured on.
-    if not (resume and "draft-tune" in info):
-        greedy_path = work / "greedy.pt"
-        if resume and greedy_path.exists():
-            greedy = torch.load(greedy_path)
-        else:
-            prompts = code_prompts(corpus.train)
-            random.Random(seed).shuffle(prompts)
-            greedy = greedy_continuations(target, tok_a, prompts, budget)
-            torch.save(greedy, greedy_path)
-            done("greedy", {"sequences": len(greedy), "generated_tokens": sum(len(r["top_ids"]) for r in greedy)})
+    tunes = [name for name in ("draft-tune", "xtok-tune") if not (resume and name in info)]
+    greedy_path = work / "greedy.pt"
+    if tunes and resume and greedy_path.exists():
+        greedy = torch.load(greedy_path)
+    elif tunes:
+        prompts = code_prompts(corpus.train)
+        random.Random(seed).shuffle(prompts)
+        greedy = greedy_continuations(target, tok_a, prompts, budget)
+        torch.save(greedy, greedy_path)
+        done("greedy", {"sequences": len(greedy), "generated_tokens": sum(len(r["top_ids"]) for r in greedy)})
+    if "draft-tune" in tunes:
         draft = LlamaForCausalLM.from_pretrained(out / "draft", dtype=torch.float32)
         rec = fit(draft, greedy_batches(greedy, budget, seed + 3), topk_distill_loss(draft, tok_a.pad_token_id),
                   steps=budget.tune_steps, minutes=budget.tune_minutes, lr=1e-3, desc="draft-tune",
                   ckpt=work / "draft-tune.pt", warmup=50)
         save_model(draft, tok_a, out / "draft")
         done("draft-tune", {**rec, **ppl_record(draft, held_a, len(held_a))})
-    if not (resume and "xtok-tune" in info):
-        greedy = torch.load(work / "greedy.pt")
+    if "xtok-tune" in tunes:
         xtok = LlamaForCausalLM.from_pretrained(out / "draft-xtok", dtype=torch.float32)
         batch, loss = text_lm_loss(xtok, tok_a.batch_decode([r["ids"] for r in greedy], skip_special_tokens=True),
                                    tok_b, budget, seed + 4)
