@@ -1,0 +1,88 @@
+"""Helpers for the graded notebooks' test cells (and anyone testing a decoder).
+
+A correct answer must never lose points to a warning or progress bar on stderr (nbgrader
+scores a cell with any stderr output as 0), and a looping answer must cost its own test cell,
+not the whole class's time. Tests also need to see *how* an answer works, not only what it
+returns: a decoder that never calls its draft produces the right tokens too.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import signal
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+
+def under_autograder() -> bool:
+    """True inside ``autograder/grade.py`` (it sets ``SPECDEC_GRADING=1``): ungraded
+    benchmark cells skip themselves there, so a slow or looping answer is not run again."""
+    return os.environ.get("SPECDEC_GRADING") == "1"
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Silence warnings, library logging and anything printed to stderr inside the block."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(previous)
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float, what: str = "this call") -> Iterator[None]:
+    """Raise ``TimeoutError`` if the block runs longer than ``seconds`` (main thread, Unix)."""
+    def expire(signum, frame):
+        raise TimeoutError(f"{what} took longer than {seconds:g} s (an infinite loop?)")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+class CountingModel:
+    """Wrap a model and record every forward call: how many, and how many new positions each
+    fed (``input_lengths``) on top of how long a cache (``cache_lengths``, None without one).
+
+    Everything else (``config``, ``device``, ...) is the wrapped model's, so an answer can use
+    the wrapper wherever it would use the model.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.input_lengths: list[int] = []
+        self.cache_lengths: list[int | None] = []
+
+    @property
+    def calls(self) -> int:
+        return len(self.input_lengths)
+
+    def reset(self) -> None:
+        self.input_lengths.clear()
+        self.cache_lengths.clear()
+
+    def __call__(self, input_ids: torch.Tensor | None = None, *args: Any, **kwargs: Any) -> Any:
+        ids = input_ids if input_ids is not None else kwargs.get("input_ids")
+        self.input_lengths.append(int(ids.shape[-1]) if ids is not None else 0)
+        cache = kwargs.get("past_key_values")
+        self.cache_lengths.append(int(cache.get_seq_length()) if cache is not None else None)
+        return self.model(input_ids, *args, **kwargs)
+
+    forward = __call__
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names this wrapper does not define.
+        return getattr(self.model, name)

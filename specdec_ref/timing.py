@@ -1,0 +1,55 @@
+"""Paired timing: how to compare two ways of doing the same work on a busy machine.
+
+Run A and B as pairs, alternating which goes first (so a slow moment or a warming cache hits
+both alike), after a warm-up (first calls pay for allocation, lazy initialisation, page faults),
+and summarise the per-pair ratios by their median and spread: one ratio per pair cancels the
+load both runs of a pair saw, which a ratio of two separate medians does not.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def quartiles(values: list[float]) -> tuple[float, float]:
+    """The first and third quartiles (both the value itself for a single value)."""
+    if len(values) < 2:
+        return values[0], values[0]
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q3
+
+
+def time_paired(fn_a: Callable[[], Any], fn_b: Callable[[], Any], warmup: int = 1, repeats: int = 5,
+                clock: Callable[[], float] = time.perf_counter) -> dict:
+    """Time ``fn_a`` and ``fn_b`` in ``repeats`` alternating pairs after ``warmup`` untimed pairs.
+
+    Returns seconds per call of each (``seconds_a``, ``seconds_b``, in pair order), the
+    per-pair ratios ``seconds_a / seconds_b`` (above 1: B is faster), their median
+    (``median_ratio``) and interquartile range (``ratio_spread``), and the median seconds of each.
+    ``clock`` is injectable so that the protocol can be tested without real time.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    for _ in range(warmup):
+        fn_a()
+        fn_b()
+    seconds_a: list[float] = []
+    seconds_b: list[float] = []
+    for i in range(repeats):
+        order = ((fn_a, seconds_a), (fn_b, seconds_b)) if i % 2 == 0 else ((fn_b, seconds_b), (fn_a, seconds_a))
+        for fn, seconds in order:
+            start = clock()
+            fn()
+            seconds.append(clock() - start)
+    ratios = [a / b for a, b in zip(seconds_a, seconds_b)]
+    return {
+        "seconds_a": seconds_a,
+        "seconds_b": seconds_b,
+        "ratios": ratios,
+        "median_ratio": statistics.median(ratios),
+        "ratio_spread": quartiles(ratios),
+        "median_seconds_a": statistics.median(seconds_a),
+        "median_seconds_b": statistics.median(seconds_b),
+    }
