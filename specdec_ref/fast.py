@@ -1,0 +1,297 @@
+"""An opt-in fast CPU path: the same model, its linear layers run on weights prepacked for oneDNN.
+
+Decoding one token at batch 1 reads every weight once, so its speed limit is weight bytes /
+memory bandwidth (``specdec_ref.roofline``). PyTorch's default fp32 CPU kernel for a
+one-row matmul streams the weight far below that limit. oneDNN, the CPU library PyTorch
+ships, can reorder a weight once into the blocked layout its kernel reads ("prepacking",
+what ``torch.compile``'s freezing pass does for CPU linears); every later call then streams
+it much closer to the bandwidth. Nothing else changes: same weights, same fp32 arithmetic
+(summed in another order), same loops.
+
+The eager model stays the default and the one the lessons step through; this module is
+the switch, and the measuring tools lesson 2 uses to show why it helps:
+
+- :func:`available` ``(model=None) -> (bool, reason)``: whether the fast path applies here.
+- :func:`prepare` ``(model) -> model``: a copy that shares the weights, with every
+  ``nn.Linear`` (and GPT-2 ``Conv1D``) replaced by a :class:`PackedLinear`; each packed layer
+  is checked against the eager one on first use. Where the path does not apply (GPU,
+  another dtype, no linear layers, an untested torch whose private ops moved) it warns
+  once, in one line, and returns the model unchanged.
+- :func:`is_fast` ``(model) -> bool``: whether a model runs on packed weights.
+- :func:`profile_decode_step` ``(model, context=128, repeats=5) -> dict``: where one
+  decode step's time goes (linear layers, attention, other ops, outside any op).
+- :func:`matmul_bandwidth` ``(out_features, in_features, fast=False, tokens=1) -> dict``:
+  the weight bandwidth one linear kernel achieves, streaming from DRAM like a decode step.
+
+Exactness: fp32 sums in another order round differently in the last bits, so logits are
+not bit-identical to the eager model's. Greedy tokens are identical unless two logits
+tie to within that rounding; ``tests/test_fast.py`` and ``bench --fast`` check and count.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import time
+import warnings
+from itertools import chain
+
+import torch
+
+from .kv_cache import new_cache, rollback
+from .roofline import last_level_cache_bytes
+
+# The private oneDNN ops this path calls; checked by name before use.
+REQUIRED_OPS = ("_reorder_linear_weight", "_linear_pointwise")
+# Oldest torch with both ops and their current signatures that this path was checked on.
+MIN_TORCH = (2, 2)
+TORCH_VERSION = torch.__version__
+
+# Top-level profiler op names that are a weight matmul (eager nn.Linear, GPT-2 Conv1D, packed).
+LINEAR_OPS = frozenset({"aten::linear", "aten::addmm", "mkldnn::_linear_pointwise"})
+
+
+class FastPathWarning(UserWarning):
+    """The fast path does not apply; the eager model is used instead."""
+
+
+def _version_tuple(version: str) -> tuple[int, int]:
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+def _linear_layers(model: torch.nn.Module):
+    """(parent, attribute name, layer) for every nn.Linear and GPT-2 Conv1D in ``model``."""
+    from transformers.pytorch_utils import Conv1D
+
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if isinstance(child, (torch.nn.Linear, Conv1D)):
+                yield parent, name, child
+
+
+def available(model: torch.nn.Module | None = None) -> tuple[bool, str]:
+    """Whether :func:`prepare` can speed up ``model`` here (or, without a model, this torch).
+
+    Returns ``(ok, reason)``: the reason is one line saying why not, or what will be packed.
+    """
+    version = _version_tuple(TORCH_VERSION)
+    if version < MIN_TORCH:
+        return False, (f"torch {TORCH_VERSION} is older than {'.'.join(map(str, MIN_TORCH))}, "
+                       "the oldest this path was checked on")
+    for name in REQUIRED_OPS:
+        try:
+            getattr(torch.ops.mkldnn, name)
+        except (AttributeError, RuntimeError):
+            return False, f"torch {TORCH_VERSION} has no torch.ops.mkldnn.{name} (private ops move between releases)"
+    if not torch.backends.mkldnn.is_available():
+        return False, f"this torch build ({TORCH_VERSION}) has no oneDNN (mkldnn) backend"
+    if model is None:
+        return True, f"torch {TORCH_VERSION} has the oneDNN ops"
+    layers = [layer for _, _, layer in _linear_layers(model)]
+    if not layers:
+        return False, f"{type(model).__name__} has no torch.nn.Linear (or Conv1D) layers to pack"
+    devices = {p.device.type for p in model.parameters()}
+    if devices != {"cpu"}:
+        return False, f"the model is on {', '.join(sorted(devices))}; the oneDNN path is for CPU weights only"
+    dtypes = {layer.weight.dtype for layer in layers}
+    if dtypes != {torch.float32}:
+        names = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+        return False, (f"the linear weights are {names}; the fast path packs float32 only (reduced-precision "
+                       "kernels round differently and change greedy output)")
+    return True, f"{len(layers)} linear layers can be packed for oneDNN"
+
+
+class PackedLinear(torch.nn.Module):
+    """A linear layer computed by oneDNN on a prepacked copy of its weight (inference only).
+
+    ``weight`` and ``bias`` stay the original parameters (shared, not copied), so parameter
+    counts, ``state_dict``, tied embeddings and ``roofline.weight_bytes`` see the model as it
+    was. The packed copy is an opaque oneDNN tensor held as a plain attribute: it is what
+    the kernel reads, and it cannot be moved to another device or deep-copied.
+    """
+
+    def __init__(self, weight: torch.nn.Parameter, bias: torch.nn.Parameter | None, transposed: bool = False) -> None:
+        super().__init__()
+        self.weight, self.bias, self.transposed = weight, bias, transposed
+        matrix = self.matrix()
+        self.out_features, self.in_features = matrix.shape
+        # The batch-size hint picks the layout for one-token decode steps.
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(matrix.contiguous(), 1)
+
+    def matrix(self) -> torch.Tensor:
+        """The weight as [out_features, in_features] (GPT-2's Conv1D stores it as [in, out])."""
+        return self.weight.detach().t() if self.transposed else self.weight.detach()
+
+    @classmethod
+    def from_layer(cls, layer: torch.nn.Module) -> PackedLinear:
+        """Pack an ``nn.Linear`` or a GPT-2 ``Conv1D``."""
+        return cls(layer.weight, layer.bias, transposed=not isinstance(layer, torch.nn.Linear))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed_weight, self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+@torch.no_grad()
+def check_layer(layer: torch.nn.Module, packed: PackedLinear, tokens: int = 3, seed: int = 0) -> str | None:
+    """Compare the packed layer with the eager one on random inputs of 1 and ``tokens`` rows.
+
+    The tolerance is the worst-case rounding of a K-term fp32 dot product in any summation
+    order (K * eps * sum |x_i w_i|): a correct kernel always passes, a kernel reading a wrong
+    layout fails by orders of magnitude. Returns None, or what went wrong.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    eps = torch.finfo(torch.float32).eps
+    matrix = packed.matrix()
+    for rows in (1, tokens):
+        x = torch.randn(1, rows, packed.in_features, generator=generator)
+        try:
+            got = packed(x)
+        except RuntimeError as error:  # e.g. a signature that changed
+            return f"the packed kernel failed: {str(error).splitlines()[0]}"
+        want = layer(x)
+        bound = packed.in_features * eps * (x.abs() @ matrix.abs().t() + (0 if packed.bias is None
+                                                                           else packed.bias.abs()))
+        if got.shape != want.shape or not bool(((got - want).abs() <= bound + 1e-30).all()):
+            return (f"the packed kernel disagrees with the eager linear ({packed.out_features}x"
+                    f"{packed.in_features}, {rows} row(s)) beyond fp32 rounding")
+    return None
+
+
+def _copy_sharing_weights(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of the module tree whose parameters and buffers are the original tensors."""
+    memo = {id(t): t for t in chain(model.parameters(), model.buffers())}
+    return copy.deepcopy(model, memo)
+
+
+def is_fast(model: torch.nn.Module) -> bool:
+    """Whether ``model`` has layers running on packed weights (i.e. came from :func:`prepare`)."""
+    return any(isinstance(m, PackedLinear) for m in model.modules())
+
+
+@torch.no_grad()
+def prepare(model: torch.nn.Module) -> torch.nn.Module:
+    """The fast version of ``model``: a copy sharing its weights, linear layers packed for oneDNN.
+
+    The original model is left as it was (both can be used side by side; the packed copies
+    add one weight-sized buffer per layer). Every packed layer is checked against the eager
+    one (:func:`check_layer`) before use. Where the path does not apply, a one-line
+    :class:`FastPathWarning` says why and ``model`` itself is returned, so callers can use
+    the result unconditionally. A model already prepared is returned as it is.
+    """
+    if is_fast(model):
+        return model
+    ok, reason = available(model)
+    if not ok:
+        warnings.warn(f"specdec_ref.fast: {reason}; using the eager model", FastPathWarning, stacklevel=2)
+        return model
+    fast_model = _copy_sharing_weights(model)
+    for parent, name, layer in list(_linear_layers(fast_model)):
+        packed = PackedLinear.from_layer(layer)
+        problem = check_layer(layer, packed)
+        if problem:
+            warnings.warn(f"specdec_ref.fast: {problem} (torch {TORCH_VERSION}); using the eager model",
+                          FastPathWarning, stacklevel=2)
+            return model
+        setattr(parent, name, packed)
+    return fast_model
+
+
+# ---- measuring tools for lesson 2 ------------------------------------------------------------
+
+def _classify(name: str) -> str:
+    if name in LINEAR_OPS:
+        return "linear"
+    if "scaled_dot_product" in name:
+        return "attention"
+    return "other_ops"
+
+
+@torch.inference_mode()
+def profile_decode_step(model: torch.nn.Module, context: int = 128, repeats: int = 5,
+                        seed: int = 0) -> dict[str, float]:
+    """Where one decode step's time goes: seconds per step, medians over ``repeats`` steps.
+
+    One token is decoded on top of a ``context``-token KV cache (rolled back after each
+    step) under ``torch.profiler``. Each top-level op is counted once, children included:
+
+    - ``linear``: the weight matmuls (``nn.Linear``, GPT-2 ``Conv1D``, or packed ones);
+    - ``attention``: PyTorch's fused scaled-dot-product attention (the zoo models use it;
+      with ``attn_implementation="eager"`` its matmuls and softmax land in ``other_ops``);
+    - ``other_ops``: every other op (norms, rotary embedding, activations, cache updates, ...);
+    - ``outside_ops``: wall time in no op at all: Python and ``transformers`` glue;
+    - ``total``: the step's wall time under the profiler, which adds a few microseconds per
+      op, so compare shares, or ``roofline.measure_forward_seconds`` for the clean time.
+
+    Also ``linear_calls``: weight matmuls per step.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (1, context + 1), generator=generator).to(model.device)
+    cache = new_cache(model)
+    model(ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    steps = []
+    for i in range(repeats + 1):  # the first step is the warm-up
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
+            model(ids[:, context:], past_key_values=cache, use_cache=True, logits_to_keep=1)
+            total = time.perf_counter() - start
+        rollback(cache, context)
+        if not i:
+            continue
+        step = {"linear": 0.0, "attention": 0.0, "other_ops": 0.0, "linear_calls": 0.0}
+        for event in prof.events():
+            if event.cpu_parent is None:
+                part = _classify(event.name)
+                step[part] += event.cpu_time_total / 1e6
+                step["linear_calls"] += part == "linear"
+        in_ops = step["linear"] + step["attention"] + step["other_ops"]
+        step |= {"outside_ops": max(0.0, total - in_ops), "total": total}
+        steps.append(step)
+    return {key: statistics.median(s[key] for s in steps) for key in steps[0]}
+
+
+@torch.inference_mode()
+def matmul_bandwidth(out_features: int, in_features: int, fast: bool = False, tokens: int = 1,
+                     repeats: int = 5, seed: int = 0) -> dict[str, float]:
+    """The weight bandwidth one fp32 linear kernel achieves on ``tokens`` input rows.
+
+    ``fast=False`` times ``nn.Linear`` (PyTorch's default CPU kernel), ``fast=True`` the
+    prepacked oneDNN kernel of :func:`prepare` (raises ``RuntimeError`` where it is not
+    available). Like a decode step, which streams weights far larger than the cache, the
+    calls cycle through enough copies of the weight to overflow the last-level cache, so
+    the figure is DRAM bandwidth, not cache bandwidth.
+
+    Returns ``seconds`` (median per call), ``bytes_per_second`` (weight bytes / seconds),
+    ``weight_bytes`` and ``copies`` (distinct weights cycled through).
+    """
+    if fast:
+        ok, reason = available()
+        if not ok:
+            raise RuntimeError(f"the fast path is not available: {reason}")
+    weight_bytes = out_features * in_features * 4
+    llc = last_level_cache_bytes() or 32 * 2**20
+    copies = max(1, math.ceil(2 * llc / weight_bytes))
+    generator = torch.Generator().manual_seed(seed)
+    layers = []
+    for _ in range(copies):
+        layer = torch.nn.Linear(in_features, out_features, bias=False)
+        layer.weight.copy_(torch.randn(out_features, in_features, generator=generator))
+        layers.append(PackedLinear.from_layer(layer) if fast else layer)
+    x = torch.randn(1, tokens, in_features, generator=generator)
+    rounds = max(1, math.ceil(50 / copies))  # at least ~50 calls per timing
+    times = []
+    for i in range(repeats + 1):  # the first pass is the warm-up
+        start = time.perf_counter()
+        for _ in range(rounds):
+            for layer in layers:
+                layer(x)
+        if i:
+            times.append((time.perf_counter() - start) / (rounds * copies))
+    seconds = statistics.median(times)
+    return {"seconds": seconds, "bytes_per_second": weight_bytes / seconds, "weight_bytes": float(weight_bytes),
+            "copies": float(copies)}
