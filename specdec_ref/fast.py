@@ -29,9 +29,12 @@ tie to within that rounding; ``tests/test_fast.py`` and ``bench --fast`` check a
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+import os
 import statistics
+import sys
 import time
 import warnings
 from itertools import chain
@@ -210,6 +213,20 @@ def _classify(name: str) -> str:
     return "other_ops"
 
 
+@contextlib.contextmanager
+def _silenced_stderr():
+    """Send file descriptor 2 to /dev/null: the profiler's C++ side logs a line at every start and stop."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 @torch.inference_mode()
 def profile_decode_step(model: torch.nn.Module, context: int = 128, repeats: int = 5,
                         seed: int = 0) -> dict[str, float]:
@@ -236,7 +253,7 @@ def profile_decode_step(model: torch.nn.Module, context: int = 128, repeats: int
     model(ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
     steps = []
     for i in range(repeats + 1):  # the first step is the warm-up
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with _silenced_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
             start = time.perf_counter()
             model(ids[:, context:], past_key_values=cache, use_cache=True, logits_to_keep=1)
             total = time.perf_counter() - start
