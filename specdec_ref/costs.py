@@ -1,0 +1,87 @@
+"""The draft cost ratio c and the verification cost v(k), measured as paired ratios.
+
+The speedup model divides tokens per target pass by k * c + v(k), so both costs must be measured
+on the machine at hand. Dividing two medians taken at different moments lets a busy machine bend
+the ratio; here every ratio comes from two passes timed back to back (a one-token target pass and
+the pass being measured, their order alternating from round to round), and the median over the
+rounds is reported with its interquartile range.
+"""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+from .inputs import check_context, clock as device_clock
+from .kv_cache import new_cache, rollback
+from .timing import quartiles
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Forward-pass costs in units of one one-token target pass on a ``context``-token KV cache."""
+
+    context: int
+    target_forward_seconds: float  # median one-token target pass
+    cost_ratio: float  # c: one draft pass (one token) / one target pass (one token)
+    cost_ratio_spread: tuple[float, float]  # interquartile range of the per-round ratios
+    verify_costs: dict[int, float]  # v(k): a target pass over k + 1 tokens / a one-token pass
+    verify_spread: dict[int, tuple[float, float]]
+
+
+@torch.inference_mode()
+def measure_costs(target: torch.nn.Module, draft: torch.nn.Module, context: int, ks: Iterable[int],
+                  rounds: int = 7, warmup: int = 1, clock: Callable[[], float] | None = None) -> Costs:
+    """Measure c and v(k) for each k in ``ks`` on top of ``context`` cached tokens.
+
+    Each round times, for the draft and for every k, a one-token target pass and the measured pass
+    back to back (alternating which goes first) and keeps their ratio; ``warmup`` rounds are
+    discarded. ``clock`` is injectable so the protocol can be tested without real time.
+    """
+    ks = sorted(set(ks))
+    if not ks or any(not isinstance(k, int) or k < 1 for k in ks):
+        raise ValueError(f"ks must be integers >= 1, got {ks!r}")
+    if rounds < 1 or warmup < 0 or context < 1:
+        raise ValueError(f"need rounds >= 1, warmup >= 0 and context >= 1 (got {rounds}, {warmup}, {context})")
+    total = context + max(ks) + 1
+    check_context(target, total, "target")
+    check_context(draft, total, "draft model")
+    now = clock or device_clock(target.device)
+    vocab = min(target.config.vocab_size, draft.config.vocab_size)
+    ids = torch.randint(0, vocab, (1, total), generator=torch.Generator().manual_seed(0))
+    caches = {}
+    for model in (target, draft):
+        caches[model] = new_cache(model)
+        model(ids[:, :context].to(model.device), past_key_values=caches[model], use_cache=True, logits_to_keep=1)
+
+    def seconds(model: torch.nn.Module, tokens: int) -> float:
+        start = now()
+        model(ids[:, context: context + tokens].to(model.device), past_key_values=caches[model], use_cache=True)
+        elapsed = now() - start
+        rollback(caches[model], context)
+        return elapsed
+
+    passes = {"draft": (draft, 1)} | {k: (target, k + 1) for k in ks}
+    ratios: dict[str | int, list[float]] = {name: [] for name in passes}
+    one_token: list[float] = []
+    for round_ in range(warmup + rounds):
+        for name, (model, tokens) in passes.items():
+            if round_ % 2 == 0:
+                base = seconds(target, 1)
+                other = seconds(model, tokens)
+            else:
+                other = seconds(model, tokens)
+                base = seconds(target, 1)
+            if round_ >= warmup:
+                ratios[name].append(other / base)
+                one_token.append(base)
+    return Costs(
+        context=context,
+        target_forward_seconds=statistics.median(one_token),
+        cost_ratio=statistics.median(ratios["draft"]),
+        cost_ratio_spread=quartiles(ratios["draft"]),
+        verify_costs={k: statistics.median(ratios[k]) for k in ks},
+        verify_spread={k: quartiles(ratios[k]) for k in ks},
+    )
