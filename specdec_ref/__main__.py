@@ -38,11 +38,39 @@ def _print_roofline(target_bytes: float, measured: dict[str, float] | None = Non
 
 def measure_this_machine() -> dict[str, float]:
     """DRAM bandwidth (arrays 2x the last-level cache) and cache bandwidth (arrays 1/8 of it)."""
-    from . import roofline
+    from . import bench, roofline
 
     llc = roofline.last_level_cache_bytes() or 32 * 2**20
-    return {"dram": roofline.measure_memory_bandwidth(2 * llc, repeats=3)["triad"],
+    return {"dram": bench.dram_bandwidth(),
             "cache": roofline.measure_memory_bandwidth(llc // 8, repeats=5)["triad"]}
+
+
+def fast_report(summary: dict) -> list[str]:
+    """The lines that show a ``bench.run_fast`` summary: eager and fast side by side."""
+    n = summary["prompts"]
+    bound = summary["seconds_per_token_bound"]
+    lines = [f"threads {summary['threads']}; DRAM triad {summary['dram_bandwidth'] / 1e9:.1f} GB/s measured here: "
+             f"{summary['target_weight_bytes'] / 1e6:.0f} MB of target weights per step -> bound "
+             f"{bound * 1e3:.2f} ms/token ({1 / bound:.0f} tokens/s)",
+             f"{'':17s}{'eager tok/s':>12s}{'fast tok/s':>12s}{'fast/eager':>11s}   weights streamed eager -> fast"
+             f"{'':14s}identical to eager greedy"]
+    rows = [("baseline", summary["baseline"])] + [(f"speculative k={c['k']}", c) for c in summary["configs"]]
+    for label, row in rows:
+        eager, quick = row["eager"], row["fast"]
+        lines.append(f"{label:17s}{eager['tokens_per_second']:12.1f}{quick['tokens_per_second']:12.1f}"
+                     f"{quick['speedup_over_eager']:10.2f}x   "
+                     f"{eager['bandwidth_achieved'] / 1e9:5.1f} -> {quick['bandwidth_achieved'] / 1e9:5.1f} GB/s "
+                     f"({eager['bandwidth_share']:4.0%} -> {quick['bandwidth_share']:4.0%} of DRAM)   "
+                     f"eager {eager['identical_prompts']}/{n}, fast {quick['identical_prompts']}/{n}")
+    best = next(c for c in summary["configs"] if c["k"] == summary["best_k"])
+    lines.append(f"best k for the fast path = {best['k']}: speculative {best['fast']['speedup_over_own_baseline']:.2f}x "
+                 f"the fast baseline (eager: {best['eager']['speedup_over_own_baseline']:.2f}x the eager baseline)")
+    return lines
+
+
+def _all_identical(summary: dict) -> bool:
+    rows = [summary["baseline"]] + summary["configs"]
+    return all(row[v]["identical_prompts"] == summary["prompts"] for row in rows for v in ("eager", "fast"))
 
 
 def demo(args: argparse.Namespace) -> None:
@@ -104,6 +132,21 @@ def demo(args: argparse.Namespace) -> None:
     Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
     bench.plot(summary, args.plot)
     print(f"\nfigure written to {args.plot}")
+
+    from . import fast
+
+    fast_prompts = prompts[: args.fast_prompts]
+    print(f"\n--- the fast path (specdec_ref.fast: linear weights prepacked for oneDNN), eager vs fast on "
+          f"{len(fast_prompts)} prompts, interleaved ---")
+    usable, reason = fast.available(pair.target)
+    if not usable or not fast_prompts:
+        print(f"skipped: {reason if not usable else '--fast-prompts 0'}")
+    else:
+        fast_summary = bench.run_fast(pair, fast_prompts, [args.k], args.max_new_tokens)
+        print("\n".join(fast_report(fast_summary)))
+        # Not an error when it fails: fp32 sums in another order may break a near-tie differently.
+        print(f"fast outputs identical to the eager greedy decoding: "
+              f"{'yes' if _all_identical(fast_summary) else 'NO (a near-tie rounded the other way)'}")
     if not identical:
         sys.exit("error: speculative output differs from the baseline")
 
@@ -118,6 +161,9 @@ def run_bench(args: argparse.Namespace) -> None:
     prompts = _prompts(args.prompts)
     if args.repeat_prompts:
         prompts = bench.repetition_prompts(prompts)
+    if args.fast:
+        run_fast_bench(args, pair, prompts, ks)
+        return
     try:
         summary = bench.run(pair, prompts, ks, args.max_new_tokens, hf_assisted=not args.no_hf,
                             min_draft_confidence=args.min_confidence)
@@ -148,6 +194,23 @@ def run_bench(args: argparse.Namespace) -> None:
         print(f"figure written to {args.plot}")
 
 
+def run_fast_bench(args: argparse.Namespace, pair, prompts: list[str], ks: list[int]) -> None:
+    from . import bench
+
+    if args.plot or args.min_confidence is not None:
+        sys.exit("error: --fast compares eager and fast at fixed k; it draws no plot and takes no --min-confidence")
+    try:
+        summary = bench.run_fast(pair, prompts, ks, args.max_new_tokens)
+    except ValueError as error:  # the fast path does not apply (device, dtype, torch)
+        sys.exit(f"error: {error}")
+    summary |= {"target": args.target, "draft": args.draft, "device": args.device, "dtype": args.dtype,
+                "repeat_prompts": args.repeat_prompts}
+    print("\n".join(fast_report(summary)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2))
+        print(f"JSON written to {args.json}")
+
+
 def run_roofline(args: argparse.Namespace) -> None:
     from . import roofline
 
@@ -174,6 +237,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="also show dynamic draft length with this confidence bar (0 skips it)")
     p.add_argument("--plot", default="out/demo.png")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
+    p.add_argument("--fast-prompts", type=int, default=4,
+                   help="prompts for the last section, eager vs the fast path (0 skips it)")
     p.set_defaults(func=demo)
 
     p = sub.add_parser("bench", help="baseline vs speculative vs transformers over a k sweep")
@@ -191,6 +256,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json")
     p.add_argument("--plot")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
+    p.add_argument("--fast", action="store_true",
+                   help="eager vs the fast path (specdec_ref.fast), baseline and speculative, side by side")
     p.set_defaults(func=run_bench)
 
     p = sub.add_parser("roofline", help="bandwidth lower bounds per token for a model size")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from . import roofline
+from . import fast, roofline
 from .baseline import autoregressive_generate
 from .ngram import PromptLookupDrafter
 from .inputs import clock
@@ -221,6 +221,92 @@ def _spread(values: list[float]) -> list[float]:
         return [values[0], values[0]]
     q1, _, q3 = statistics.quantiles(values, n=4)
     return [q1, q3]
+
+
+def dram_bandwidth() -> float:
+    """This machine's DRAM bandwidth (bytes/s): STREAM triad on arrays twice the last-level cache."""
+    llc = roofline.last_level_cache_bytes() or 32 * 2**20
+    return roofline.measure_memory_bandwidth(2 * llc, repeats=3)["triad"]
+
+
+def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: int = 128,
+             progress: bool = True) -> dict:
+    """The eager pair against its :func:`specdec_ref.fast.prepare` version, side by side.
+
+    Baseline and speculative decoding at every k run for both versions on every prompt,
+    interleaved (each prompt alternates which version goes first), after a warm-up. Speedups
+    are medians of per-prompt ratios; outputs are compared with the eager baseline's, prompt
+    by prompt. Bandwidth achieved is also given as a share of the DRAM bandwidth measured
+    here, with the torch threads used. Raises ``ValueError`` where the fast path does not apply.
+    """
+    ok, reason = fast.available(pair.target)
+    if not ok:
+        raise ValueError(f"the fast path does not apply: {reason}")
+    versions = {"eager": pair, "fast": Pair(fast.prepare(pair.target),
+                                             pair.draft if pair.prompt_lookup else fast.prepare(pair.draft),
+                                             pair.target_tokenizer, pair.draft_tokenizer)}
+    encoded = [pair.target_tokenizer(p, return_tensors="pt").input_ids.to(pair.target.device) for p in prompts]
+
+    def generate(version: str, ids: torch.LongTensor, k: int | None):
+        p = versions[version]
+        if k is None:
+            return autoregressive_generate(p.target, ids, max_new_tokens, eos_token_id=[])
+        return speculative_generate(p.target, p.draft, ids, max_new_tokens, k, eos_token_id=[], **p.tokenizer_kwargs)
+
+    methods = [None, *ks]  # None: the baseline
+    for version in versions:  # warm-up: allocator, kernels, tokenizer caches
+        for k in (None, ks[0]):
+            generate(version, encoded[0], k)
+    bandwidth = dram_bandwidth()
+    now = clock(pair.target.device)
+    runs = {(version, k): [] for version in versions for k in methods}
+    for i, ids in enumerate(tqdm(encoded, desc="prompts", disable=not progress)):
+        order = list(versions) if i % 2 == 0 else list(reversed(versions))
+        for k in methods:
+            for version in order:
+                out, seconds = _timed(lambda: generate(version, ids, k), now)
+                runs[version, k].append({"sequences": out.sequences, "seconds": seconds, "stats": out.stats})
+
+    target_bytes = roofline.weight_bytes(pair.target)
+    draft_bytes = 0.0 if pair.prompt_lookup else roofline.weight_bytes(pair.draft)
+    eager_baseline = runs["eager", None]
+
+    def figures(version: str, k: int | None) -> dict:
+        results = runs[version, k]
+        tps = [max_new_tokens / r["seconds"] for r in results]
+        achieved = statistics.median(
+            roofline.bandwidth_achieved(target_bytes, r["stats"].target_forward_calls, r["seconds"])
+            + roofline.bandwidth_achieved(draft_bytes, r["stats"].draft_forward_calls, r["seconds"])
+            for r in results)
+        own_baseline = runs[version, None]
+        return {
+            "tokens_per_second": statistics.median(tps),
+            "tokens_per_second_spread": _spread(tps),
+            "bandwidth_achieved": achieved,
+            "bandwidth_share": achieved / bandwidth,
+            # per-prompt ratios: the same version's baseline, and the same method run eagerly
+            "speedup_over_own_baseline": statistics.median(b["seconds"] / r["seconds"]
+                                                           for b, r in zip(own_baseline, results)),
+            "speedup_over_eager": statistics.median(e["seconds"] / r["seconds"]
+                                                    for e, r in zip(runs["eager", k], results)),
+            "identical_prompts": sum(torch.equal(b["sequences"].cpu(), r["sequences"].cpu())
+                                     for b, r in zip(eager_baseline, results)),
+        }
+
+    summary = {
+        "max_new_tokens": max_new_tokens,
+        "prompts": len(prompts),
+        "threads": torch.get_num_threads(),
+        "dram_bandwidth": bandwidth,
+        "target_weight_bytes": target_bytes,
+        "draft_weight_bytes": draft_bytes,
+        "seconds_per_token_bound": roofline.seconds_per_token_bound(target_bytes, bandwidth),
+        "baseline": {version: figures(version, None) for version in versions},
+        "configs": [{"k": k} | {version: figures(version, k) for version in versions} for k in ks],
+    }
+    best = max(summary["configs"], key=lambda c: c["fast"]["speedup_over_own_baseline"])
+    summary["best_k"] = best["k"]
+    return summary
 
 
 def plot(summary: dict, path: str) -> None:

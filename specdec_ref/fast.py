@@ -148,19 +148,20 @@ def check_layer(layer: torch.nn.Module, packed: PackedLinear, tokens: int = 3, s
     """
     generator = torch.Generator().manual_seed(seed)
     eps = torch.finfo(torch.float32).eps
-    matrix = packed.matrix()
+    # The eager layer's own [out, in] matrix: nn.Linear stores it so, GPT-2's Conv1D transposed.
+    matrix = layer.weight.detach() if isinstance(layer, torch.nn.Linear) else layer.weight.detach().t()
+    out_features, in_features = matrix.shape
     for rows in (1, tokens):
-        x = torch.randn(1, rows, packed.in_features, generator=generator)
+        x = torch.randn(1, rows, in_features, generator=generator)
+        want = layer(x)
         try:
             got = packed(x)
-        except RuntimeError as error:  # e.g. a signature that changed
-            return f"the packed kernel failed: {str(error).splitlines()[0]}"
-        want = layer(x)
-        bound = packed.in_features * eps * (x.abs() @ matrix.abs().t() + (0 if packed.bias is None
-                                                                           else packed.bias.abs()))
-        if got.shape != want.shape or not bool(((got - want).abs() <= bound + 1e-30).all()):
-            return (f"the packed kernel disagrees with the eager linear ({packed.out_features}x"
-                    f"{packed.in_features}, {rows} row(s)) beyond fp32 rounding")
+        except RuntimeError as error:  # e.g. a signature or a layout that changed
+            return f"the packed kernel failed on a {out_features}x{in_features} layer: {str(error).splitlines()[0]}"
+        bound = in_features * eps * (x.abs() @ matrix.abs().t() + (0 if layer.bias is None else layer.bias.abs()))
+        if got.shape != want.shape or not bool(((got - want).abs() <= bound).all()):
+            return (f"the packed kernel disagrees with the eager linear ({out_features}x{in_features}, "
+                    f"{rows} row(s)) beyond fp32 rounding")
     return None
 
 

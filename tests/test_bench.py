@@ -97,7 +97,9 @@ def test_demo_runs_on_the_shipped_zoo(tmp_path):
     assert result.returncode == 0, result.stderr
     for line in ("baseline (target alone)", "speculative (specdec_ref)", "dynamic k <= 4", "transformers assisted",
                  "acceptance rate", "predicted speedup", "bandwidth achieved",
-                 "outputs identical to the target's greedy decoding: yes"):
+                 "outputs identical to the target's greedy decoding: yes",
+                 "eager vs fast on 2 prompts", "speculative k=4", "best k for the fast path = 4",
+                 "fast outputs identical to the eager greedy decoding: yes"):
         assert line in result.stdout, line
     assert (tmp_path / "demo.png").read_bytes()[:4] == b"\x89PNG"
 

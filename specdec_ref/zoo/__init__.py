@@ -111,11 +111,17 @@ def load_tokenizer(name: str, zoo_dir: Path = ZOO_DIR) -> PreTrainedTokenizerBas
 
 
 def load(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
-         zoo_dir: Path = ZOO_DIR) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+         zoo_dir: Path = ZOO_DIR, fast: bool = False) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``(model, tokenizer)`` in eval mode. Zoo weights are stored in bfloat16 and
-    upcast to ``dtype`` (float32 by default: bf16 matmuls are slow on most CPUs)."""
+    upcast to ``dtype`` (float32 by default: bf16 matmuls are slow on most CPUs).
+    ``fast=True`` returns ``specdec_ref.fast.prepare(model)``: linear weights prepacked
+    for oneDNN on a CPU (it warns and returns the eager model where that does not apply)."""
     path = resolve(name, zoo_dir)
     if name.startswith(PREFIX):
         verify(path, zoo_dir)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    if fast:
+        from .. import fast as fast_path
+
+        model = fast_path.prepare(model)
     return model, load_tokenizer(name, zoo_dir)

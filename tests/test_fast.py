@@ -1,0 +1,216 @@
+"""specdec_ref.fast: exact greedy output through every loop, the no-op paths, the guards, the tools.
+
+Performance is measured by ``python -m specdec_ref bench --fast``, never asserted here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from factories import build, noisy_copy, prompt
+from specdec_ref import autoregressive_generate, bench, fast, speculative_generate, zoo
+from specdec_ref.ngram import PromptLookupDrafter
+from specdec_ref.roofline import weight_bytes
+from specdec_ref.zoo.corpus import heldout_prompts
+
+NEW_TOKENS = 32
+
+
+def greedy(model, ids, **kwargs):
+    return autoregressive_generate(model, ids, NEW_TOKENS, eos_token_id=[], **kwargs).sequences
+
+
+@pytest.fixture(scope="module")
+def zoo_models():
+    target, tokenizer = zoo.load("zoo:target")
+    draft, _ = zoo.load("zoo:draft")
+    xtok, xtok_tokenizer = zoo.load("zoo:draft-xtok")
+    return {"target": target, "draft": draft, "xtok": xtok, "tokenizer": tokenizer, "xtok_tokenizer": xtok_tokenizer}
+
+
+def test_available_here():
+    ok, reason = fast.available()
+    assert ok, reason
+
+
+def test_prepare_packs_every_linear_and_shares_the_weights(zoo_models):
+    target = zoo_models["target"]
+    quick = fast.prepare(target)
+    assert quick is not target and fast.is_fast(quick) and not fast.is_fast(target)
+    linears = [m for m in target.modules() if isinstance(m, torch.nn.Linear)]
+    packed = [m for m in quick.modules() if isinstance(m, fast.PackedLinear)]
+    assert len(packed) == len(linears) == 7 * 7 + 1  # 7 per layer and the lm_head
+    assert not any(isinstance(m, torch.nn.Linear) for m in quick.modules())
+    # The lm_head is tied to the embedding: still one tensor, shared with the eager model.
+    assert quick.lm_head.weight is quick.model.embed_tokens.weight is target.model.embed_tokens.weight
+    assert weight_bytes(quick) == weight_bytes(target)
+    assert quick.state_dict().keys() == target.state_dict().keys()
+    assert fast.prepare(quick) is quick
+
+
+def test_zoo_load_fast():
+    model, _ = zoo.load("zoo:draft", fast=True)
+    assert fast.is_fast(model)
+
+
+@pytest.mark.parametrize("text", heldout_prompts(4))
+def test_zoo_pair_greedy_identical_through_every_loop(zoo_models, text):
+    target, tokenizer = zoo_models["target"], zoo_models["tokenizer"]
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    expected = greedy(target, ids)
+    quick, quick_draft, quick_xtok = (fast.prepare(zoo_models[name]) for name in ("target", "draft", "xtok"))
+    assert torch.equal(greedy(quick, ids), expected)
+    runs = {
+        "draft model": speculative_generate(quick, quick_draft, ids, NEW_TOKENS, 4, eos_token_id=[]),
+        "prompt lookup": speculative_generate(quick, PromptLookupDrafter(), ids, NEW_TOKENS, 4, eos_token_id=[]),
+        "cross-tokenizer": speculative_generate(quick, quick_xtok, ids, NEW_TOKENS, 4, eos_token_id=[],
+                                                target_tokenizer=tokenizer,
+                                                draft_tokenizer=zoo_models["xtok_tokenizer"]),
+    }
+    for name, out in runs.items():
+        assert torch.equal(out.sequences, expected), name
+    assert runs["draft model"].stats.accepted_tokens > 0
+
+
+def test_random_families_greedy_identical(family_pair):
+    family, target, draft, small = family_pair
+    quick, quick_draft, quick_small = fast.prepare(target), fast.prepare(draft), fast.prepare(small)
+    assert fast.is_fast(quick)
+    for seed in range(4):
+        ids = prompt(12, seed=seed)
+        expected = greedy(target, ids)
+        assert torch.equal(greedy(quick, ids), expected), (family, seed)
+        for drafter in (quick_draft, quick_small):
+            out = speculative_generate(quick, drafter, ids, NEW_TOKENS, 3, eos_token_id=[])
+            assert torch.equal(out.sequences, expected), (family, seed)
+
+
+def test_another_dtype_is_a_noop_with_a_message():
+    model = build("llama", 64, 1, seed=0).to(torch.bfloat16)
+    with pytest.warns(fast.FastPathWarning, match="bfloat16; the fast path packs float32 only"):
+        assert fast.prepare(model) is model
+    assert not fast.is_fast(model)
+
+
+def test_another_device_is_a_noop_with_a_message():
+    model = build("llama", 64, 1, seed=0).to("meta")
+    ok, reason = fast.available(model)
+    assert not ok and "on meta" in reason and "CPU weights only" in reason
+    with pytest.warns(fast.FastPathWarning, match="on meta"):
+        assert fast.prepare(model) is model
+
+
+def test_a_model_without_linear_layers_is_a_noop_with_a_message():
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.LayerNorm(4))
+    with pytest.warns(fast.FastPathWarning, match="Sequential has no torch.nn.Linear"):
+        assert fast.prepare(model) is model
+
+
+def test_old_torch_is_refused(monkeypatch):
+    model = build("llama", 64, 1, seed=0)
+    monkeypatch.setattr(fast, "TORCH_VERSION", "2.1.2+cpu")
+    ok, reason = fast.available(model)
+    assert not ok and "torch 2.1.2+cpu is older than 2.2" in reason
+    with pytest.warns(fast.FastPathWarning, match="older than"):
+        assert fast.prepare(model) is model
+    with pytest.raises(RuntimeError, match="not available"):
+        fast.matmul_bandwidth(64, 64, fast=True)
+
+
+def test_a_missing_private_op_is_refused(monkeypatch):
+    monkeypatch.setattr(fast, "REQUIRED_OPS", (*fast.REQUIRED_OPS, "_op_that_moved"))
+    ok, reason = fast.available()
+    assert not ok and "torch.ops.mkldnn._op_that_moved" in reason
+
+
+def test_a_kernel_that_disagrees_with_eager_falls_back(monkeypatch):
+    """Simulates a private op whose weight layout changed: packing the transposed matrix."""
+    model = build("llama", 64, 1, seed=0)
+    monkeypatch.setattr(fast.PackedLinear, "matrix", lambda self: self.weight.detach().t())
+    with pytest.warns(fast.FastPathWarning, match="the packed kernel (disagrees with the eager linear|failed)"):
+        assert fast.prepare(model) is model
+    assert not fast.is_fast(model)
+    square = torch.nn.Linear(64, 64)
+    assert "disagrees with the eager linear (64x64" in fast.check_layer(square, fast.PackedLinear.from_layer(square))
+
+
+def test_check_layer_passes_a_correct_kernel():
+    layer = torch.nn.Linear(96, 40)
+    assert fast.check_layer(layer, fast.PackedLinear.from_layer(layer)) is None
+
+
+def test_profile_decode_step_accounts_for_the_step(zoo_models):
+    target = zoo_models["target"]
+    for model in (target, fast.prepare(target)):
+        profile = fast.profile_decode_step(model, context=32, repeats=2)
+        assert profile["linear_calls"] == 50
+        parts = ("linear", "attention", "other_ops", "outside_ops")
+        assert all(profile[p] >= 0 for p in parts) and profile["linear"] > 0 and profile["attention"] > 0
+        assert sum(profile[p] for p in parts) == pytest.approx(profile["total"], rel=0.05)
+
+
+@pytest.mark.parametrize("use_fast", [False, True])
+def test_matmul_bandwidth_reports_weight_bytes_over_time(use_fast):
+    result = fast.matmul_bandwidth(256, 512, fast=use_fast, repeats=2)
+    assert result["weight_bytes"] == 256 * 512 * 4
+    assert result["bytes_per_second"] == pytest.approx(result["weight_bytes"] / result["seconds"])
+    assert result["copies"] * result["weight_bytes"] >= 2 * (fast.last_level_cache_bytes() or 32 * 2**20)
+
+
+@pytest.fixture(scope="module")
+def saved_pair(tmp_path_factory, tokenizer_a):
+    root = tmp_path_factory.mktemp("fast-models")
+    target = build("llama", 64, 2, seed=0)
+    for name, model in (("target", target), ("draft", noisy_copy(target, 0.05, seed=1))):
+        model.save_pretrained(root / name)
+        tokenizer_a.save_pretrained(root / name)
+    return str(root / "target"), str(root / "draft")
+
+
+def test_run_fast_reports_both_versions(saved_pair):
+    pair = bench.load_pair(*saved_pair)
+    summary = bench.run_fast(pair, ["def f(x):\n    ", "class A:\n"], ks=[1, 3], max_new_tokens=12, progress=False)
+    assert summary["threads"] == torch.get_num_threads() and summary["dram_bandwidth"] > 0
+    rows = [summary["baseline"]] + summary["configs"]
+    for row in rows:
+        for version in ("eager", "fast"):
+            figures = row[version]
+            assert figures["identical_prompts"] == 2
+            assert figures["tokens_per_second"] > 0 and 0 < figures["bandwidth_share"]
+            assert figures["bandwidth_share"] == pytest.approx(figures["bandwidth_achieved"] / summary["dram_bandwidth"])
+    assert summary["baseline"]["eager"]["speedup_over_eager"] == 1.0
+    assert summary["best_k"] in (1, 3)
+    json.dumps(summary)
+
+
+def test_run_fast_refuses_a_model_it_does_not_apply_to(saved_pair):
+    pair = bench.load_pair(*saved_pair, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="the fast path does not apply: .*bfloat16"):
+        bench.run_fast(pair, ["x = 1\n"], ks=[2], max_new_tokens=4, progress=False)
+
+
+def test_bench_fast_cli(saved_pair, tmp_path):
+    target, draft = saved_pair
+    result = subprocess.run(
+        [sys.executable, "-m", "specdec_ref", "bench", "--fast", "--target", target, "--draft", draft, "--k", "2",
+         "--prompts", "2", "--max-new-tokens", "8", "--json", str(tmp_path / "fast.json")],
+        capture_output=True, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"}, timeout=600)
+    assert result.returncode == 0, result.stderr
+    for line in ("threads ", "DRAM triad", "eager tok/s", "fast tok/s", "baseline", "speculative k=2",
+                 "eager 2/2, fast 2/2", "best k for the fast path = 2"):
+        assert line in result.stdout, line
+    summary = json.loads((tmp_path / "fast.json").read_text())
+    assert summary["baseline"]["fast"]["identical_prompts"] == 2 and summary["target"] == target
+
+
+def test_bench_fast_cli_rejects_a_plot(saved_pair):
+    target, draft = saved_pair
+    result = subprocess.run(
+        [sys.executable, "-m", "specdec_ref", "bench", "--fast", "--target", target, "--draft", draft,
+         "--plot", "x.png"], capture_output=True, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"}, timeout=600)
+    assert result.returncode != 0 and "--fast compares eager and fast" in result.stderr
