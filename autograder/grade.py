@@ -1,84 +1,498 @@
-"""Grade a class: autograde every submission, then export grades and feedback.
+"""Grade a class with nbgrader: every assignment, every student, one command.
 
-    python autograder/grade.py SUBMITTED [--assignment ex01_speculative_loop] [--work DIR]
+    .venv/bin/python autograder/grade.py SUBMITTED [--assignment A] [--student S] [--work DIR]
+                                         [--roster CSV] [--due A=DATE] [--timeout S] [--jobs N]
 
-SUBMITTED holds ``<student>/<assignment>/<notebook>.ipynb`` (what ``nbgrader collect``
-produces). Everything is written under the work folder (default ``autograder/work``):
-the sqlite gradebook, autograded notebooks, ``feedback/`` HTML without hidden tests,
-and ``grades.csv``. A crashing or looping submission is graded as far as it runs and
-never stops the others.
+SUBMITTED holds ``<student>/<assignment>/<notebook>.ipynb`` (what ``nbgrader collect`` or
+``zip_collect`` produce). Every assignment of ``solutions/`` that has submissions is graded
+(or those named with ``--assignment``), by real ``nbgrader autograde`` with its sqlite
+gradebook, hidden tests included. Everything lands in the work folder (default
+``autograder/work``), which is an nbgrader course folder:
+
+    gradebook.db      the gradebook (students, scores, manual grades; kept between runs)
+    grades.csv        totals per student and assignment, with names (``nbgrader export``)
+    cells.csv         one row per graded cell: what each student lost where
+    report.txt        each submission's problems, also printed
+    feedback/         HTML per student, without hidden tests or solutions
+    autograded/       the executed notebooks, for the instructor
+
+Before nbgrader sees a submission it is checked against the release: a renamed notebook is
+graded under its right name, deleted locked cells come back, duplicated ones are dropped,
+invalid JSON scores 0. After autograding, a submission whose kernel died (``os._exit``, a
+segfault) has the answer that killed it disabled and is graded again, so its other answers
+keep their points. Each of these is a line in the report. ``--student`` regrades one student
+and keeps everyone else's grades.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import csv
+import json
+import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
+import time
+import warnings
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import nbformat
+
 HERE = Path(__file__).resolve().parent
+SOLUTIONS = HERE.parent / "solutions"
 CONFIG = HERE / "nbgrader_config.py"
 
 
+# --- the course folder ------------------------------------------------------------------------
+
+def write_config(work: Path, timeout: int | None) -> None:
+    """The work folder's nbgrader_config.py: the course's config, with everything written
+    (release, submitted, autograded, feedback, gradebook) moved into the work folder."""
+    lines = ["c = get_config()", f"load_subconfig({str(CONFIG)!r})",
+             f"c.CourseDirectory.root = {str(work)!r}",
+             f"c.CourseDirectory.release_directory = {str(work / 'release')!r}",
+             # parallel autograders share the gradebook: wait for sqlite's lock instead of failing
+             f"c.CourseDirectory.db_url = {'sqlite:///' + str(work / 'gradebook.db') + '?timeout=120'!r}",
+             f"c.GradingExecute.progress_dir = {str(work / 'progress')!r}"]
+    if timeout:
+        lines.append(f"c.Execute.timeout = {timeout}")
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "nbgrader_config.py").write_text("\n".join(lines) + "\n")
+
+
+def grading_env() -> dict[str, str]:
+    """Environment of nbgrader and the kernels it starts."""
+    env_bin = str(Path(sys.executable).parent)  # nbgrader runs alembic as a subprocess
+    return {"SPECDEC_GRADING": "1",  # ungraded benchmark cells skip themselves
+            # One thread per kernel: kernels run side by side, and torch's threads spin-wait for
+            # each other, so on a busy machine two threads ran the course's model 10x slower.
+            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+            "PATH": env_bin + os.pathsep + os.environ.get("PATH", ""),
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
 def nbgrader(work: Path, *args: str) -> subprocess.CompletedProcess:
-    """Run one nbgrader command on the work course folder, with this course's config."""
-    work.mkdir(parents=True, exist_ok=True)
-    # nbgrader reads nbgrader_config.py from the course root: the work folder's one loads the
-    # course's and moves everything that gets written (release, gradebook...) into the work folder.
-    (work / "nbgrader_config.py").write_text(
-        f"c = get_config()\nload_subconfig({str(CONFIG)!r})\n"
-        f"c.CourseDirectory.root = {str(work)!r}\n"
-        f"c.CourseDirectory.release_directory = {str(work / 'release')!r}\n")
-    # nbgrader runs alembic as a subprocess: the environment's bin/ must be on PATH.
-    env_bin = str(Path(sys.executable).parent)
-    env = {**os.environ, "PATH": env_bin + os.pathsep + os.environ.get("PATH", "")}
-    return subprocess.run([str(Path(env_bin) / "nbgrader"), *args], cwd=work, env=env, capture_output=True, text=True)
+    """Run one nbgrader command in the work course folder."""
+    exe = Path(sys.executable).parent / "nbgrader"
+    return subprocess.run([str(exe), *args], cwd=work, env={**os.environ, **grading_env()},
+                          capture_output=True, text=True)
 
 
-def grade(submitted: Path, assignment: str, work: Path, timeout: int | None = None) -> list[dict]:
-    """Autograde every student in ``submitted``; return one row per student."""
-    if not (HERE.parent / "solutions" / assignment).is_dir():
-        raise SystemExit(f"error: no assignment {assignment!r} in solutions/")
-    students = sorted(p.name for p in submitted.iterdir() if (p / assignment).is_dir())
-    if not students:
-        raise SystemExit(f"error: no submissions of {assignment!r} under {submitted}")
-    work.mkdir(parents=True, exist_ok=True)
-    for student in students:
-        target = work / "submitted" / student / assignment
-        shutil.rmtree(target, ignore_errors=True)
-        shutil.copytree(submitted / student / assignment, target)
+def open_api(work: Path):
+    """nbgrader's Python API on the work course folder (what the nbgrader commands run)."""
+    warnings.filterwarnings("ignore", module="nbgrader")  # SQLAlchemy's, about nbgrader's sessions
+    from nbgrader.apps import NbGraderAPI
+    from traitlets.config.loader import PyFileConfigLoader
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(work)).load_config()
+    return NbGraderAPI(config=config)
 
-    extra = [f"--Execute.timeout={timeout}"] if timeout else []
-    steps = [("generate_assignment", [assignment, "--force"]),
-             ("autograde", [assignment, "--force", *extra]),
-             ("generate_feedback", [assignment, "--force"]),
-             ("export", [f"--to={work / 'grades.csv'}"])]
-    for name, args in steps:
-        result = nbgrader(work, name, *args)
-        # autograde reports a broken submission in its log and goes on with the next one.
-        if result.returncode != 0 and name != "autograde":
-            raise SystemExit(f"error: nbgrader {name} failed:\n{result.stdout}\n{result.stderr}")
-        (work / f"{name}.log").write_text(result.stdout + result.stderr)
 
-    with open(work / "grades.csv") as f:
-        rows = [row for row in csv.DictReader(f) if row["assignment"] == assignment]
-    return sorted(rows, key=lambda row: row["student_id"])
+def gradebook(work: Path):
+    from nbgrader.api import Gradebook
+    return Gradebook(f"sqlite:///{work / 'gradebook.db'}", course_id="specdec")
+
+
+# --- what was submitted -----------------------------------------------------------------------
+
+def find_assignments(submitted: Path, named: list[str] | None) -> list[str]:
+    known = sorted(p.name for p in SOLUTIONS.iterdir() if p.is_dir() and any(p.glob("*.ipynb")))
+    for name in named or []:
+        if name not in known:
+            raise SystemExit(f"error: no assignment {name!r} in {SOLUTIONS} (there are: {', '.join(known)})")
+    handed_in = {p.name for p in submitted.glob("*/*") if p.is_dir()}
+    return [a for a in (named or known) if a in handed_in]
+
+
+def find_students(submitted: Path, assignment: str, student: str | None) -> list[str]:
+    students = sorted(p.parent.name for p in submitted.glob(f"*/{assignment}") if p.is_dir())
+    return [s for s in students if student in (None, s)]
+
+
+def read_roster(path: Path | None) -> dict[str, dict[str, str]]:
+    """``id,first_name,last_name,email`` rows (nbgrader's ``db student import`` format)."""
+    if path is None or not path.exists():
+        return {}
+    with open(path, newline="") as f:
+        return {row["id"]: {k: row.get(k) or None for k in ("first_name", "last_name", "email")}
+                for row in csv.DictReader(f)}
+
+
+# --- repairs before nbgrader sees a submission -----------------------------------------------
+
+def grade_id(cell) -> str | None:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def repair_cells(nb, release) -> list[str]:
+    """Put the release's locked cells back where a student deleted them, drop duplicated locked
+    cells, and report locked cells whose text was edited (nbgrader restores those itself)."""
+    problems = []
+    released = {grade_id(c): c for c in release.cells if grade_id(c)}
+    seen: dict[str, int] = {}
+    kept = []
+    for cell in nb.cells:
+        gid = grade_id(cell)
+        if gid in released and gid in seen:
+            if released[gid].metadata.nbgrader.get("locked"):
+                problems.append(f"duplicated cell {gid}: the copy was dropped")
+                continue
+            problems.append(f"duplicated answer cell {gid}: the last copy is graded")
+        if gid:
+            seen[gid] = seen.get(gid, 0) + 1
+        kept.append(cell)
+    nb.cells = kept
+
+    order = [grade_id(c) for c in release.cells if grade_id(c)]
+    for i, gid in enumerate(order):
+        if gid in seen:
+            continue
+        original = released[gid]
+        what = "answer cell" if original.metadata.nbgrader.get("solution") else "cell"
+        problems.append(f"deleted {what} {gid}: restored from the release"
+                        + (" (its answer is lost)" if what == "answer cell" else ""))
+        previous = [j for j, c in enumerate(nb.cells) if grade_id(c) in order[:i]]
+        nb.cells.insert(previous[-1] + 1 if previous else 0, nbformat.from_dict(json.loads(json.dumps(original))))
+        seen[gid] = 1
+
+    for cell in nb.cells:
+        original = released.get(grade_id(cell))
+        if original is not None and original.metadata.nbgrader.get("locked") and (
+                cell.source != original.source or cell.cell_type != original.cell_type
+                or cell.metadata.nbgrader.get("points") != original.metadata.nbgrader.get("points")):
+            problems.append(f"edited locked cell {grade_id(cell)}: restored from the source")
+    return problems
+
+
+def unique_cell_ids(nb) -> None:
+    """Give cells copied by an old tool (same id twice) fresh ids, as Jupyter itself does."""
+    seen = set()
+    for i, cell in enumerate(nb.cells):
+        if "id" in cell and cell.id in seen:
+            cell.id = f"{cell.id}-copy{i}"
+        seen.add(cell.get("id"))
+
+
+def prepare(submission: Path, release: Path, dest: Path) -> list[str]:
+    """Copy one student's assignment folder into the course's submitted/, repairing its
+    notebooks against the release; return the problems found."""
+    problems = []
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(submission, dest, ignore=shutil.ignore_patterns("*.ipynb", ".ipynb_checkpoints"))
+    expected = sorted(release.glob("*.ipynb"))
+    handed_in = sorted(p for p in submission.glob("*.ipynb"))
+    unclaimed = [p for p in handed_in if p.name not in {e.name for e in expected}]
+    for release_nb in expected:
+        path = submission / release_nb.name
+        if not path.exists():
+            if len(expected) == 1 and len(unclaimed) == 1:
+                path = unclaimed.pop()
+                problems.append(f"renamed notebook {path.name}: graded as {release_nb.name}")
+            else:
+                problems.append(f"missing notebook {release_nb.name}: scored 0"
+                                + (f" (found {', '.join(p.name for p in unclaimed)})" if unclaimed else ""))
+                continue
+        try:
+            nb = nbformat.read(path, as_version=4)
+            unique_cell_ids(nb)
+            nbformat.validate(nb)
+        except Exception as error:  # not JSON, or not a notebook
+            problems.append(f"invalid notebook {path.name} ({type(error).__name__}: "
+                            f"{str(error).splitlines()[0][:100]}): scored 0")
+            continue
+        problems += repair_cells(nb, nbformat.read(release_nb, as_version=4))
+        nbformat.write(nb, dest / release_nb.name)
+    return problems
+
+
+# --- autograding ------------------------------------------------------------------------------
+
+_api = None
+
+
+def _start_worker(work: str) -> None:
+    global _api
+    os.environ.update(grading_env())
+    os.chdir(work)
+    # nbgrader's SQLAlchemy warnings and the kernels' own stderr go to a log, not the console
+    warnings.filterwarnings("ignore", module="nbgrader")
+    (Path(work) / "logs").mkdir(exist_ok=True)
+    os.dup2(os.open(Path(work) / "logs" / "stderr.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND), 2)
+    _api = open_api(Path(work))
+
+
+def autograde(unit: tuple[str, str]) -> tuple[str, str, float, bool, str]:
+    """Autograde one student's assignment (in a worker process); return its seconds and log."""
+    assignment, student = unit
+    start = time.perf_counter()
+    result = _api.autograde(assignment, student, force=True, create=True)
+    return assignment, student, time.perf_counter() - start, result["success"], result.get("log", "")
+
+
+KILLED = ("# The grader disabled this answer: running it killed the Python kernel (os._exit, a\n"
+          "# segfault or running out of memory), which would cost every other answer its points.\n")
+
+
+def disable_answer(cell) -> None:
+    """Replace an answer cell's code by functions (of the same names) that raise a clear error."""
+    message = "disabled by the grader: this answer killed the Python kernel"
+    try:
+        names = [n.name for n in ast.parse(cell.source).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    except SyntaxError:
+        names = []
+    stubs = [f"def {name}(*args, **kwargs):\n    raise RuntimeError({f'{name} {message}'!r})\n" for name in names]
+    cell.source = KILLED + ("\n".join(stubs) if stubs else f"raise RuntimeError({message!r})\n")
+
+
+def answer_to_disable(nb, dead: int) -> int | None:
+    """The answer cell to blame for a kernel that died while running cell ``dead``: that cell
+    itself if it is an answer, the answer its test is named after (``test_<function>_...``),
+    else the last answer before it."""
+    cells = nb.cells
+    answers = [i for i, c in enumerate(cells) if c.metadata.get("nbgrader", {}).get("solution")
+               and c.cell_type == "code" and not c.source.startswith(KILLED)]
+    info = cells[dead].metadata.get("nbgrader", {})
+    if dead in answers or not info:  # an answer, or a cell the student added
+        return dead
+    named = [i for i in answers if (info.get("grade_id") or "").startswith(f"test_{grade_id(cells[i])}_")]
+    if named:
+        return max(named, key=lambda i: len(grade_id(cells[i])))
+    earlier = [i for i in answers if i < dead]
+    return earlier[-1] if earlier else None
+
+
+def recover(work: Path, assignment: str, student: str, log: str) -> list[str]:
+    """After nbgrader dropped a notebook: find the cell that was running, disable the answer to
+    blame in the submitted copy and say so. Returns the report lines ([] if nothing to do)."""
+    problems = []
+    for path in sorted((work / "submitted" / student / assignment).glob("*.ipynb")):
+        if (work / "autograded" / student / assignment / path.name).exists():
+            continue
+        progress = work / "progress" / assignment / student / f"{path.stem}.json"
+        if not progress.exists():
+            continue
+        nb = nbformat.read(path, as_version=4)
+        # the autograded copy was numbered after nbgrader's repairs; match by position of code cells
+        dead = json.loads(progress.read_text())
+        index = find_cell(nb, dead)
+        blamed = answer_to_disable(nb, index) if index is not None else None
+        if "DeadKernelError" in log or "Kernel died" in log:
+            reason = "the kernel died"
+        elif "UnresponsiveKernelError" in log or "could not interrupt" in log:
+            reason = "the kernel could not be interrupted"
+        else:  # not the answer's fault as far as we can tell: nothing to disable
+            continue
+        where = dead.get("grade_id") or f"cell {dead['cell_index']}"
+        if blamed is None:
+            problems.append(f"{reason} in {where}: nothing left to disable, scored 0")
+            continue
+        what = grade_id(nb.cells[blamed]) or f"cell {blamed}"
+        problems.append(f"{reason} in {where}: disabled answer {what} and graded again")
+        disable_answer(nb.cells[blamed])
+        nbformat.write(nb, path)
+        progress.unlink()
+    return problems
+
+
+def find_cell(nb, dead: dict) -> int | None:
+    if dead.get("grade_id"):
+        for i, cell in enumerate(nb.cells):
+            if grade_id(cell) == dead["grade_id"]:
+                return i
+    index = dead.get("cell_index")
+    return index if index is not None and index < len(nb.cells) else None
+
+
+def score_zero(work: Path, assignment: str, student: str) -> None:
+    """A submission with no gradable notebook: in the gradebook with every cell at 0, as nbgrader
+    does for a missing notebook, and no stale autograded copy or feedback left from before."""
+    for folder in ("autograded", "feedback"):
+        shutil.rmtree(work / folder / student / assignment, ignore_errors=True)
+    with gradebook(work) as gb:
+        gb.update_or_create_submission(assignment, student)
+        for notebook in gb.find_assignment(assignment).notebooks:
+            for grade in gb.find_submission_notebook(notebook.name, assignment, student).grades:
+                grade.auto_score, grade.needs_manual_grade = 0, False
+        gb.db.commit()
+
+
+# --- results ----------------------------------------------------------------------------------
+
+def cell_rows(work: Path, assignments: list[str]) -> list[dict]:
+    """One row per graded cell per student and assignment, from the gradebook."""
+    rows = []
+    with gradebook(work) as gb:
+        students = [s.id for s in gb.students]
+        for assignment in assignments:
+            for notebook in gb.find_assignment(assignment).notebooks:
+                release = nbformat.read(work / "release" / assignment / f"{notebook.name}.ipynb", as_version=4)
+                order = [grade_id(c) for c in release.cells]
+                for student in students:
+                    try:
+                        grades = gb.find_submission_notebook(notebook.name, assignment, student).grades
+                    except Exception:  # nbgrader's MissingEntry: no submission
+                        continue
+                    for grade in sorted(grades, key=lambda g: order.index(g.name)):
+                        rows.append({"student": student, "assignment": assignment, "notebook": notebook.name,
+                                     "grade_id": grade.name, "score": grade.score, "max_score": grade.max_score,
+                                     "needs_manual_grade": grade.needs_manual_grade})
+    return rows
+
+
+def failed_cells(work: Path, assignment: str, student: str, rows: list[dict]) -> list[str]:
+    """A line for each autograded cell that lost points, with the error it showed."""
+    problems = []
+    for row in rows:
+        if row["needs_manual_grade"] or row["score"] is None or row["score"] >= row["max_score"]:
+            continue
+        path = work / "autograded" / student / assignment / f"{row['notebook']}.ipynb"
+        if not path.exists():
+            continue  # the notebook's own problem line says why
+        cell = next(c for c in nbformat.read(path, as_version=4).cells if grade_id(c) == row["grade_id"])
+        errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
+        if errors:
+            message = f"{errors[0].ename}: {errors[0].evalue}".splitlines()[0][:160]
+            timed_out = errors[0].ename in ("TimeoutError", "CellTimeoutError", "KeyboardInterrupt")
+            detail = ("timed out: " if timed_out else "") + message
+        elif any(o.get("name") == "stderr" for o in cell.get("outputs", [])):
+            detail = "wrote to stderr"  # nbgrader scores any stderr output as 0
+        else:
+            detail = "partial credit"
+        problems.append(f"{row['grade_id']} {row['score']:g}/{row['max_score']:g}: {detail}")
+    return problems
+
+
+def write_outputs(work: Path, assignments: list[str], timings: dict) -> tuple[list[str], list[dict]]:
+    """grades.csv, cells.csv and report.txt; return the report's lines and the cell rows."""
+    export = nbgrader(work, "export", f"--to={work / 'grades.csv'}")
+    if export.returncode != 0:
+        raise SystemExit(f"error: nbgrader export failed:\n{export.stdout}\n{export.stderr}")
+    rows = cell_rows(work, assignments)
+    with open(work / "cells.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["student"])
+        writer.writeheader()
+        writer.writerows(rows)
+
+    lines = []
+    for assignment in assignments:
+        for path in sorted((work / "problems" / assignment).glob("*.json")):
+            student = path.stem
+            mine = [r for r in rows if r["assignment"] == assignment and r["student"] == student]
+            problems = json.loads(path.read_text()) + failed_cells(work, assignment, student, mine)
+            score = sum(r["score"] or 0 for r in mine)
+            total = sum(r["max_score"] for r in mine)
+            seconds = timings.get(f"{assignment}/{student}")
+            took = f", {seconds:.0f} s" if seconds is not None else ""
+            lines.append(f"{assignment} {student}: {score:g}/{total:g}{took}")
+            lines += [f"    {p}" for p in problems]
+    (work / "report.txt").write_text("\n".join(lines) + "\n")
+    return lines, rows
+
+
+# --- the whole pass ---------------------------------------------------------------------------
+
+def grade(submitted: Path, work: Path, assignments: list[str] | None = None, student: str | None = None,
+          roster: Path | None = None, timeout: int | None = None, jobs: int = 2,
+          due: dict[str, str] | None = None) -> dict:
+    """Grade ``submitted`` into ``work``; return the report lines, cell rows and timings.
+    ``due`` maps assignments to due dates (``"2026-12-01 17:00:00 UTC"``); a submission's
+    ``timestamp.txt`` (written by ``nbgrader collect``) after it makes it late."""
+    submitted, work = submitted.resolve(), work.resolve()
+    assignments = find_assignments(submitted, assignments)
+    if not assignments:
+        raise SystemExit(f"error: no submissions of any assignment in {SOLUTIONS} under {submitted}")
+    write_config(work, timeout)
+    api = open_api(work)
+    for assignment in assignments:
+        result = api.generate_assignment(assignment, force=True, create=True)
+        if not result["success"]:
+            raise SystemExit(f"error: nbgrader generate_assignment {assignment} failed:\n{result.get('log')}")
+
+    names = read_roster(roster)
+    units = [(a, s) for a in assignments for s in find_students(submitted, a, student)]
+    if not units:
+        raise SystemExit(f"error: no submissions of student {student!r} under {submitted}")
+    with gradebook(work) as gb:
+        for assignment, date in (due or {}).items():
+            gb.update_or_create_assignment(assignment, duedate=date)
+        for s in sorted({s for _, s in units} | set(names)):
+            gb.update_or_create_student(s, **names.get(s, {}))
+
+    problems = {}
+    for assignment, s in units:
+        found = prepare(submitted / s / assignment, work / "release" / assignment,
+                        work / "submitted" / s / assignment)
+        if names and s not in names:
+            found.append("not on the roster: no name in grades.csv")
+        problems[(assignment, s)] = found
+        shutil.rmtree(work / "progress" / assignment / s, ignore_errors=True)
+
+    todo = [u for u in units if any((work / "submitted" / u[1] / u[0]).glob("*.ipynb"))]
+    for assignment, s in set(units) - set(todo):
+        score_zero(work, assignment, s)
+    seconds_now: dict[str, float] = {}
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=context, initializer=_start_worker,
+                             initargs=(str(work),)) as pool:
+        while todo:
+            again = []
+            for assignment, s, seconds, ok, log in pool.map(autograde, todo):
+                logs = work / "logs" / assignment
+                logs.mkdir(parents=True, exist_ok=True)
+                (logs / f"{s}.log").write_text(log)
+                seconds_now[f"{assignment}/{s}"] = seconds_now.get(f"{assignment}/{s}", 0) + seconds
+                if not ok:
+                    lines = recover(work, assignment, s, log)
+                    problems[(assignment, s)] += lines or [f"nbgrader failed (see logs/{assignment}/{s}.log): scored 0"]
+                    if any(line.endswith("graded again") for line in lines):
+                        again.append((assignment, s))
+            todo = again
+
+    for (assignment, s), found in problems.items():
+        (work / "problems" / assignment).mkdir(parents=True, exist_ok=True)
+        (work / "problems" / assignment / f"{s}.json").write_text(json.dumps(found))
+    timings_file = work / "timings.json"  # seconds per submission, retries included
+    timings = {**(json.loads(timings_file.read_text()) if timings_file.exists() else {}), **seconds_now}
+    timings_file.write_text(json.dumps(timings, indent=1))
+
+    for assignment in assignments:
+        if student is None:
+            result = api.generate_feedback(assignment, force=True)
+        elif (work / "autograded" / student / assignment).exists():
+            result = api.generate_feedback(assignment, student, force=True)
+        else:
+            continue
+        if not result["success"]:
+            raise SystemExit(f"error: nbgrader generate_feedback {assignment} failed:\n{result.get('log')}")
+    lines, rows = write_outputs(work, assignments, timings)
+    return {"report": lines, "cells": rows, "timings": timings}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("submitted", type=Path)
-    parser.add_argument("--assignment", default="ex01_speculative_loop")
-    parser.add_argument("--work", type=Path, default=HERE / "work")
-    parser.add_argument("--timeout", type=int, help="seconds per cell (default: the config's Execute.timeout)")
+    parser.add_argument("submitted", type=Path, help="folder of <student>/<assignment>/<notebook>.ipynb")
+    parser.add_argument("--assignment", action="append", help="grade only this assignment (repeatable)")
+    parser.add_argument("--student", help="regrade only this student; everyone else's grades are kept")
+    parser.add_argument("--work", type=Path, default=HERE / "work", help="course folder for all output")
+    parser.add_argument("--roster", type=Path, help="CSV id,first_name,last_name,email "
+                        "(default: SUBMITTED/roster.csv when it exists)")
+    parser.add_argument("--timeout", type=int, help="seconds per cell before the kernel is interrupted "
+                        "(default: the config's Execute.timeout)")
+    parser.add_argument("--jobs", type=int, default=2, help="notebooks graded at once (default 2)")
+    parser.add_argument("--due", action="append", default=[], metavar="ASSIGNMENT=DATE",
+                        help='due date, e.g. ex01_speculative_loop="2026-12-01 17:00:00 UTC" (repeatable)')
     args = parser.parse_args()
-    rows = grade(args.submitted.resolve(), args.assignment, args.work.resolve(), args.timeout)
-    print(f"{'student':12s} {'score':>6s} / max")
-    for row in rows:
-        print(f"{row['student_id']:12s} {float(row['score']):6.1f} / {float(row['max_score']):.1f}")
-    print(f"grades: {args.work / 'grades.csv'}; feedback: {args.work / 'feedback'}")
+    due = dict(item.split("=", 1) for item in args.due)
+    roster = args.roster or args.submitted / "roster.csv"
+    start = time.perf_counter()
+    result = grade(args.submitted, args.work, args.assignment, args.student, roster, args.timeout, args.jobs, due)
+    print("\n".join(result["report"]))
+    work = args.work.resolve()
+    print(f"\ngraded in {time.perf_counter() - start:.0f} s. gradebook: {work / 'gradebook.db'}\n"
+          f"totals: {work / 'grades.csv'}; per cell: {work / 'cells.csv'}; report: {work / 'report.txt'}\n"
+          f"feedback: {work / 'feedback'}/<student>/<assignment>/")
 
 
 if __name__ == "__main__":

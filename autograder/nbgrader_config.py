@@ -8,11 +8,13 @@ writes the student versions to ``exercises/``.
 import sys
 from pathlib import Path
 
-from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
-from nbgrader.preprocessors import GetGrades
+from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
+from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, GetGrades, IgnorePattern,
+                                    LimitOutput, SaveAutoGrades)
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from execution import GradingExecute  # noqa: E402  (autograder/execution.py)
 from feedback import HideHiddenTests  # noqa: E402  (autograder/feedback.py)
 
 c = get_config()  # noqa: F821 (provided by traitlets when it loads this file)
@@ -32,6 +34,19 @@ c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedE
 # ExecutePreprocessor.timeout is ignored by nbgrader.)
 c.Execute.timeout = 120
 c.Execute.interrupt_on_timeout = True
+# A kernel still flushing megabytes of output must not fail the whole notebook: errors are
+# read from the execute reply anyway, so a late output message loses nothing that grades.
+c.Execute.raise_on_iopub_timeout = False
+
+# nbgrader's own pipeline with Execute replaced: outputs bounded while a notebook runs (a
+# submission may print megabytes), and the cell being run recorded (a kernel may die).
+c.Autograde.autograde_preprocessors = [GradingExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
+                                       SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
+c.GradingExecute.max_output_chars = 20_000
+
+# A test cell a student deleted comes back from the gradebook (nbgrader issues #1083, #1682);
+# grade.py restores deleted cells itself before this and reports them.
+c.OverwriteCells.add_missing_cells = True
 
 # Feedback must not give the hidden tests away (nbgrader issue #917).
 c.GenerateFeedback.preprocessors = [GetGrades, HideHiddenTests, CSSHTMLHeaderPreprocessor]
