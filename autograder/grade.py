@@ -1,7 +1,8 @@
 """Grade a class with nbgrader: every assignment, every student, one command.
 
     .venv/bin/python autograder/grade.py SUBMITTED [--assignment A] [--student S] [--work DIR]
-                                         [--roster CSV] [--due A=DATE] [--timeout S] [--jobs N]
+                                         [--roster CSV] [--due A=DATE] [--late-penalty zero]
+                                         [--timeout S] [--jobs N]
 
 SUBMITTED holds ``<student>/<assignment>/<notebook>.ipynb`` (what ``nbgrader collect`` or
 ``zip_collect`` produce). Every assignment of ``solutions/`` that has submissions is graded
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import copy
 import csv
 import json
 import multiprocessing
@@ -48,7 +50,7 @@ CONFIG = HERE / "nbgrader_config.py"
 
 # --- the course folder ------------------------------------------------------------------------
 
-def write_config(work: Path, timeout: int | None) -> None:
+def write_config(work: Path, timeout: int | None, late_penalty: str = "none") -> None:
     """The work folder's nbgrader_config.py: the course's config, with everything written
     (release, submitted, autograded, feedback, gradebook) moved into the work folder."""
     lines = ["c = get_config()", f"load_subconfig({str(CONFIG)!r})",
@@ -56,7 +58,9 @@ def write_config(work: Path, timeout: int | None) -> None:
              f"c.CourseDirectory.release_directory = {str(work / 'release')!r}",
              # parallel autograders share the gradebook: wait for sqlite's lock instead of failing
              f"c.CourseDirectory.db_url = {'sqlite:///' + str(work / 'gradebook.db') + '?timeout=120'!r}",
-             f"c.GradingExecute.progress_dir = {str(work / 'progress')!r}"]
+             f"c.GradingExecute.progress_dir = {str(work / 'progress')!r}",
+             # nbgrader's built-in rules for a submission after its due date: no penalty, or score 0
+             f"c.LateSubmissionPlugin.penalty_method = {late_penalty!r}"]
     if timeout:
         lines.append(f"c.Execute.timeout = {timeout}")
     work.mkdir(parents=True, exist_ok=True)
@@ -131,7 +135,7 @@ def repair_cells(nb, release) -> list[str]:
     cells, and report locked cells whose text was edited (nbgrader restores those itself)."""
     problems = []
     released = {grade_id(c): c for c in release.cells if grade_id(c)}
-    seen: dict[str, int] = {}
+    seen: set[str] = set()
     kept = []
     for cell in nb.cells:
         gid = grade_id(cell)
@@ -140,8 +144,7 @@ def repair_cells(nb, release) -> list[str]:
                 problems.append(f"duplicated cell {gid}: the copy was dropped")
                 continue
             problems.append(f"duplicated answer cell {gid}: the last copy is graded")
-        if gid:
-            seen[gid] = seen.get(gid, 0) + 1
+        seen.add(gid)
         kept.append(cell)
     nb.cells = kept
 
@@ -154,8 +157,8 @@ def repair_cells(nb, release) -> list[str]:
         problems.append(f"deleted {what} {gid}: restored from the release"
                         + (" (its answer is lost)" if what == "answer cell" else ""))
         previous = [j for j, c in enumerate(nb.cells) if grade_id(c) in order[:i]]
-        nb.cells.insert(previous[-1] + 1 if previous else 0, nbformat.from_dict(json.loads(json.dumps(original))))
-        seen[gid] = 1
+        nb.cells.insert(previous[-1] + 1 if previous else 0, copy.deepcopy(original))
+        seen.add(gid)
 
     for cell in nb.cells:
         original = released.get(grade_id(cell))
@@ -395,7 +398,7 @@ def write_outputs(work: Path, assignments: list[str], timings: dict) -> tuple[li
 
 def grade(submitted: Path, work: Path, assignments: list[str] | None = None, student: str | None = None,
           roster: Path | None = None, timeout: int | None = None, jobs: int = 2,
-          due: dict[str, str] | None = None) -> dict:
+          due: dict[str, str] | None = None, late_penalty: str = "none") -> dict:
     """Grade ``submitted`` into ``work``; return the report lines, cell rows and timings.
     ``due`` maps assignments to due dates (``"2026-12-01 17:00:00 UTC"``); a submission's
     ``timestamp.txt`` (written by ``nbgrader collect``) after it makes it late."""
@@ -403,7 +406,7 @@ def grade(submitted: Path, work: Path, assignments: list[str] | None = None, stu
     assignments = find_assignments(submitted, assignments)
     if not assignments:
         raise SystemExit(f"error: no submissions of any assignment in {SOLUTIONS} under {submitted}")
-    write_config(work, timeout)
+    write_config(work, timeout, late_penalty)
     api = open_api(work)
     for assignment in assignments:
         result = api.generate_assignment(assignment, force=True, create=True)
@@ -483,11 +486,14 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="notebooks graded at once (default 2)")
     parser.add_argument("--due", action="append", default=[], metavar="ASSIGNMENT=DATE",
                         help='due date, e.g. ex01_speculative_loop="2026-12-01 17:00:00 UTC" (repeatable)')
+    parser.add_argument("--late-penalty", choices=("none", "zero"), default="none",
+                        help="what a late submission loses (default none: it is only marked late)")
     args = parser.parse_args()
     due = dict(item.split("=", 1) for item in args.due)
     roster = args.roster or args.submitted / "roster.csv"
     start = time.perf_counter()
-    result = grade(args.submitted, args.work, args.assignment, args.student, roster, args.timeout, args.jobs, due)
+    result = grade(args.submitted, args.work, args.assignment, args.student, roster, args.timeout, args.jobs, due,
+                   args.late_penalty)
     print("\n".join(result["report"]))
     work = args.work.resolve()
     print(f"\ngraded in {time.perf_counter() - start:.0f} s. gradebook: {work / 'gradebook.db'}\n"

@@ -3,7 +3,7 @@ current release, so their locked cells are exactly what a student receives.
 
     .venv/bin/python autograder/make_samples.py
 
-Each student is named by the bug they made. After changing ``solutions/`` and re-releasing,
+It also writes ``samples/roster.csv`` for every sample student (of every assignment). Each student is named by the bug they made. After changing ``solutions/`` and re-releasing,
 run this again; ``autograder/samples/expected/ex01_speculative_loop.json`` says what each
 one must score, cell by cell.
 """
@@ -252,11 +252,23 @@ def write(student: str, nb) -> None:
     (folder / name).write_text(text)
 
 
+def write_roster() -> None:
+    """samples/roster.csv (nbgrader's id,first_name,last_name,email) for every sample student,
+    named after their bug: crash_kernel is Crash Kernel."""
+    students = sorted(p.name for p in SAMPLES.iterdir() if p.is_dir() and p.name != "expected")
+    rows = ["id,first_name,last_name,email"]
+    for student in students:
+        first, _, last = student.replace("_", " ").title().partition(" ")
+        rows.append(f"{student},{first},{last or 'Sample'},{student}@example.edu")
+    (SAMPLES / "roster.csv").write_text("\n".join(rows) + "\n")
+
+
 def main() -> None:
     os.chdir(HERE.parent)
     for student, answers in STUDENTS.items():
         write(student, fill(RELEASE, answers))
-    print(f"wrote {len(STUDENTS)} submissions of {ASSIGNMENT} under {SAMPLES}")
+    write_roster()
+    print(f"wrote {len(STUDENTS)} submissions of {ASSIGNMENT} and a roster of every sample student under {SAMPLES}")
 
 
 if __name__ == "__main__":
