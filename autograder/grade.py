@@ -139,11 +139,15 @@ def repair_cells(nb, release) -> list[str]:
     kept = []
     for cell in nb.cells:
         gid = grade_id(cell)
+        if "nbgrader" in cell.get("metadata", {}) and not gid:
+            del cell.metadata["nbgrader"]  # a half-copied cell: nbgrader's add_missing_cells crashes on it
         if gid in released and gid in seen:
             if released[gid].metadata.nbgrader.get("locked"):
                 problems.append(f"duplicated cell {gid}: the copy was dropped")
                 continue
             problems.append(f"duplicated answer cell {gid}: the last copy is graded")
+            earlier = next(c for c in kept if grade_id(c) == gid)
+            del earlier.metadata["nbgrader"]  # still runs, as the student ran it, but is not the answer
         seen.add(gid)
         kept.append(cell)
     nb.cells = kept
