@@ -33,6 +33,7 @@ import csv
 import json
 import multiprocessing
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -230,12 +231,21 @@ def _start_worker(work: str) -> None:
     _api = open_api(Path(work))
 
 
-def autograde(unit: tuple[str, str]) -> tuple[str, str, float, bool, str]:
-    """Autograde one student's assignment (in a worker process); return its seconds and log."""
+def cpu_seconds() -> float:
+    """CPU time of this process and its finished children (the kernels): unlike the wall
+    clock, it does not grow when the machine is busy."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def autograde(unit: tuple[str, str]) -> tuple[str, str, list[float], bool, str]:
+    """Autograde one student's assignment (in a worker process); return its [wall, CPU]
+    seconds and nbgrader's log."""
     assignment, student = unit
-    start = time.perf_counter()
+    wall, cpu = time.perf_counter(), cpu_seconds()
     result = _api.autograde(assignment, student, force=True, create=True)
-    return assignment, student, time.perf_counter() - start, result["success"], result.get("log", "")
+    took = [time.perf_counter() - wall, cpu_seconds() - cpu]
+    return assignment, student, took, result["success"], result.get("log", "")
 
 
 KILLED = ("# The grader disabled this answer: running it killed the Python kernel (os._exit, a\n"
@@ -348,9 +358,14 @@ def cell_rows(work: Path, assignments: list[str]) -> list[dict]:
     return rows
 
 
-def failed_cells(work: Path, assignment: str, student: str, rows: list[dict]) -> list[str]:
-    """A line for each autograded cell that lost points, with the error it showed."""
+def cell_problems(work: Path, assignment: str, student: str, rows: list[dict]) -> list[str]:
+    """A line for each cell whose output was cut, and for each autograded cell that lost
+    points, with the error it showed."""
     problems = []
+    for path in sorted((work / "autograded" / student / assignment).glob("*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if any("output truncated by the grader" in o.get("text", "") for o in cell.get("outputs", [])):
+                problems.append(f"output of {grade_id(cell) or 'a cell'} in {path.name} cut (it printed too much)")
     for row in rows:
         if row["needs_manual_grade"] or row["score"] is None or row["score"] >= row["max_score"]:
             continue
@@ -371,6 +386,14 @@ def failed_cells(work: Path, assignment: str, student: str, rows: list[dict]) ->
     return problems
 
 
+def late(work: Path, assignment: str, student: str) -> list[str]:
+    with gradebook(work) as gb:
+        submission = gb.find_submission(assignment, student)
+        if not submission.total_seconds_late:
+            return []
+        return [f"late by {submission.total_seconds_late / 60:.0f} min: penalty {submission.late_submission_penalty:g}"]
+
+
 def write_outputs(work: Path, assignments: list[str], timings: dict) -> tuple[list[str], list[dict]]:
     """grades.csv, cells.csv and report.txt; return the report's lines and the cell rows."""
     export = nbgrader(work, "export", f"--to={work / 'grades.csv'}")
@@ -387,11 +410,12 @@ def write_outputs(work: Path, assignments: list[str], timings: dict) -> tuple[li
         for path in sorted((work / "problems" / assignment).glob("*.json")):
             student = path.stem
             mine = [r for r in rows if r["assignment"] == assignment and r["student"] == student]
-            problems = json.loads(path.read_text()) + failed_cells(work, assignment, student, mine)
+            problems = json.loads(path.read_text()) + late(work, assignment, student) + \
+                cell_problems(work, assignment, student, mine)
             score = sum(r["score"] or 0 for r in mine)
             total = sum(r["max_score"] for r in mine)
             seconds = timings.get(f"{assignment}/{student}")
-            took = f", {seconds:.0f} s" if seconds is not None else ""
+            took = f", {seconds[0]:.0f} s ({seconds[1]:.0f} s CPU)" if seconds else ""
             lines.append(f"{assignment} {student}: {score:g}/{total:g}{took}")
             lines += [f"    {p}" for p in problems]
     (work / "report.txt").write_text("\n".join(lines) + "\n")
@@ -439,17 +463,18 @@ def grade(submitted: Path, work: Path, assignments: list[str] | None = None, stu
     todo = [u for u in units if any((work / "submitted" / u[1] / u[0]).glob("*.ipynb"))]
     for assignment, s in set(units) - set(todo):
         score_zero(work, assignment, s)
-    seconds_now: dict[str, float] = {}
+    seconds_now: dict[str, list[float]] = {}
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=context, initializer=_start_worker,
                              initargs=(str(work),)) as pool:
         while todo:
             again = []
-            for assignment, s, seconds, ok, log in pool.map(autograde, todo):
+            for assignment, s, took, ok, log in pool.map(autograde, todo):
                 logs = work / "logs" / assignment
                 logs.mkdir(parents=True, exist_ok=True)
                 (logs / f"{s}.log").write_text(log)
-                seconds_now[f"{assignment}/{s}"] = seconds_now.get(f"{assignment}/{s}", 0) + seconds
+                before = seconds_now.get(f"{assignment}/{s}", [0.0, 0.0])
+                seconds_now[f"{assignment}/{s}"] = [before[0] + took[0], before[1] + took[1]]
                 if not ok:
                     lines = recover(work, assignment, s, log)
                     problems[(assignment, s)] += lines or [f"nbgrader failed (see logs/{assignment}/{s}.log): scored 0"]
@@ -460,7 +485,7 @@ def grade(submitted: Path, work: Path, assignments: list[str] | None = None, stu
     for (assignment, s), found in problems.items():
         (work / "problems" / assignment).mkdir(parents=True, exist_ok=True)
         (work / "problems" / assignment / f"{s}.json").write_text(json.dumps(found))
-    timings_file = work / "timings.json"  # seconds per submission, retries included
+    timings_file = work / "timings.json"  # [wall, CPU] seconds per submission, retries included
     timings = {**(json.loads(timings_file.read_text()) if timings_file.exists() else {}), **seconds_now}
     timings_file.write_text(json.dumps(timings, indent=1))
 
