@@ -49,9 +49,9 @@ def autograded_cells(assignment: str) -> dict[str, float]:
 
 
 def solution_as_submitted(assignment: str):
-    """The release with the instructor's answers in its answer cells."""
-    answers = {nbgrader_info(c)["grade_id"]: c.source for c in notebook(assignment).cells
-               if nbgrader_info(c).get("solution")}
+    """The release with the instructor's answers in its answer cells (without the markers)."""
+    answers = {nbgrader_info(c)["grade_id"]: re.sub(r"(?m)^[ \t]*### (BEGIN|END) SOLUTION\n?", "", c.source)
+               for c in notebook(assignment).cells if nbgrader_info(c).get("solution")}
     release = notebook(assignment, "exercises")
     for cell in release.cells:
         cell.source = answers.get(nbgrader_info(cell).get("grade_id"), cell.source)
