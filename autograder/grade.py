@@ -291,8 +291,7 @@ def recover(work: Path, assignment: str, student: str, log: str) -> list[str]:
         if not progress.exists():
             continue
         nb = nbformat.read(path, as_version=4)
-        # the autograded copy was numbered after nbgrader's repairs; match by position of code cells
-        dead = json.loads(progress.read_text())
+        dead = json.loads(progress.read_text())  # the cell that was running, from GradingExecute
         index = find_cell(nb, dead)
         blamed = answer_to_disable(nb, index) if index is not None else None
         if "DeadKernelError" in log or "Kernel died" in log:
@@ -314,6 +313,7 @@ def recover(work: Path, assignment: str, student: str, log: str) -> list[str]:
 
 
 def find_cell(nb, dead: dict) -> int | None:
+    """The submitted cell that was running: by grade_id, else by position."""
     if dead.get("grade_id"):
         for i, cell in enumerate(nb.cells):
             if grade_id(cell) == dead["grade_id"]:
@@ -387,8 +387,13 @@ def cell_problems(work: Path, assignment: str, student: str, rows: list[dict]) -
 
 
 def late(work: Path, assignment: str, student: str) -> list[str]:
+    """The report line of a late submission, if it is one."""
+    from nbgrader.api import MissingEntry
     with gradebook(work) as gb:
-        submission = gb.find_submission(assignment, student)
+        try:
+            submission = gb.find_submission(assignment, student)
+        except MissingEntry:
+            return []
         if not submission.total_seconds_late:
             return []
         return [f"late by {submission.total_seconds_late / 60:.0f} min: penalty {submission.late_submission_penalty:g}"]
