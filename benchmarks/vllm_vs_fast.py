@@ -63,7 +63,7 @@ def compare(target: str, draft: str, venv: Path, prompts: list[str], k: int, max
     env["VLLM_CACHE_ROOT"] = str(log_dir / "vllm-cache")
     for method in (None, "draft_model"):
         label = "speculative" if method else "baseline"
-        settings = {"method": "draft_model", "draft": draft, "num_speculative_tokens": k} if method else {}
+        settings = {"method": "draft_model", "draft": draft, "num_speculative_tokens": k} if method else {"method": None}
         with VLLMServer.launch(target, **settings, api_key=API_KEY, port=free_port(), dtype="float32",
                                launcher=venv_launcher(venv), env=env, log_path=log_dir / f"{label}.log",
                                startup_timeout=900, progress=False) as server:

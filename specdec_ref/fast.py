@@ -2,11 +2,13 @@
 
 Decoding one token at batch 1 reads every weight once, so its speed limit is weight bytes /
 memory bandwidth (``specdec_ref.roofline``). PyTorch's default fp32 CPU kernel for a
-one-row matmul streams the weight far below that limit. oneDNN, the CPU library PyTorch
+one-row matmul can stream the weight well below that limit. oneDNN, the CPU library PyTorch
 ships, can reorder a weight once into the blocked layout its kernel reads ("prepacking",
-what ``torch.compile``'s freezing pass does for CPU linears); every later call then streams
-it much closer to the bandwidth. Nothing else changes: same weights, same fp32 arithmetic
-(summed in another order), same loops.
+what ``torch.compile``'s freezing pass does for CPU linears), so that later calls need
+no reordering. Whether that streams faster depends on the CPU, the thread count and what
+else runs: ``python -m specdec_ref bench --fast`` measures it, eager and fast interleaved,
+and :func:`matmul_bandwidth` measures one kernel. Nothing else changes: same weights,
+same fp32 arithmetic (summed in another order), same loops.
 
 The eager model stays the default and the one the lessons step through; this module is
 the switch, and the measuring tools lesson 2 uses to show why it helps:
