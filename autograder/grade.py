@@ -401,6 +401,10 @@ def late(work: Path, assignment: str, student: str) -> list[str]:
 
 def write_outputs(work: Path, assignments: list[str], timings: dict) -> tuple[list[str], list[dict]]:
     """grades.csv, cells.csv and report.txt; return the report's lines and the cell rows."""
+    # Every assignment in the gradebook, not only those graded in this run: regrading one
+    # student of one assignment keeps the other assignments' rows and report lines.
+    with gradebook(work) as gb:
+        assignments = sorted({a.name for a in gb.assignments} | set(assignments))
     export = nbgrader(work, "export", f"--to={work / 'grades.csv'}")
     if export.returncode != 0:
         raise SystemExit(f"error: nbgrader export failed:\n{export.stdout}\n{export.stderr}")
