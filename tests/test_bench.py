@@ -105,6 +105,18 @@ def test_demo_runs_on_the_shipped_zoo(tmp_path):
     assert (tmp_path / "demo.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
+def test_demo_runs_on_the_real_pair(tmp_path):
+    """demo --pair real: SmolLM2-135M-Instruct and its distilled draft, shortened."""
+    result = subprocess.run(
+        [sys.executable, "-m", "specdec_ref", "demo", "--pair", "real", "--prompts", "1", "--max-new-tokens", "12",
+         "--no-hf", "--min-confidence", "0", "--fast-prompts", "0", "--plot", str(tmp_path / "real.png")],
+        capture_output=True, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"}, timeout=900)
+    assert result.returncode == 0, result.stderr
+    assert "target: zoo:smollm2, 134.5M params; draft: zoo:smollm2-draft" in result.stdout
+    assert "outputs identical to the target's greedy decoding: yes" in result.stdout
+
+
 def test_cli_rejects_min_confidence_without_a_draft_model(saved_models):
     result = subprocess.run([sys.executable, "-m", "specdec_ref", "bench", "--target", saved_models["target"],
                              "--draft", "ngram", "--k", "2", "--prompts", "1", "--min-confidence", "0.4"],

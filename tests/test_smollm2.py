@@ -109,3 +109,22 @@ def test_a_course_draft_of_another_tokenizer_drafts_through_uag(real_pair):
     out = speculative_generate(target, draft, ids, 20, num_draft_tokens=3, eos_token_id=[],
                                target_tokenizer=tokenizer, draft_tokenizer=draft_tokenizer)
     assert torch.equal(out.sequences, baseline.sequences) and out.stats.drafted_tokens > 0
+
+
+@pytest.mark.slow
+def test_the_distillation_recipe_runs_end_to_end(tmp_path):
+    """`python -m specdec_ref.zoo.distill --budget tiny`: teacher outputs, a draft, manifest entries."""
+    from specdec_ref.zoo.distill import build
+
+    out, work = tmp_path / "zoo", tmp_path / "work"
+    out.mkdir()
+    (out / "manifest.json").write_text(json.dumps({"files": {"target/x": "0" * 64}}))
+    record = build(out, work, "tiny")
+    assert record["teacher_sequences"] == 18 and record["train"]["steps"] == 3  # 3 batches of 6, 3 steps
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["files"]["target/x"] == "0" * 64  # other entries kept
+    assert "smollm2-draft/model.safetensors" in manifest["files"] and manifest["smollm2_draft"] == record
+    draft, tokenizer = load("zoo:smollm2-draft", zoo_dir=out)
+    assert draft.config.hidden_size == 32 and tokenizer.chat_template
+    assert len(list((work / "greedy").glob("batch-*.pt"))) == 2 and (work / "sampled" / "complete").exists()
+    assert build(out, work, "tiny")["teacher_sequences"] == 18  # a rerun reuses the teacher's outputs

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from specdec_ref.zoo import NAMES, ZOO_DIR, load, load_tokenizer, resolve, resolve_tokenizer
+from specdec_ref.zoo import NAMES, RECIPE_NAMES, ZOO_DIR, load, load_tokenizer, resolve, resolve_tokenizer
 from specdec_ref.zoo.corpus import build_corpus, heldout_prompts, is_test_file
 from specdec_ref.zoo.train import topk_distill_loss
 from specdec_ref.zoo.evaluate import evaluate, loop_period
@@ -62,7 +62,7 @@ def test_tiny_recipe_output_loads_with_transformers(tiny_zoo: Path) -> None:
 
 @pytest.mark.slow
 def test_tiny_recipe_output_loads_with_zoo_loader(tiny_zoo: Path) -> None:
-    for name in NAMES:
+    for name in RECIPE_NAMES:
         model, tok = load(f"zoo:{name}", zoo_dir=tiny_zoo)
         assert next(model.parameters()).dtype == torch.float32  # stored bf16, upcast
         assert not model.training

@@ -42,6 +42,8 @@ _ENTRIES: dict[str, tuple[str, str]] = {
 # Not shipped in zoo/: converted from an installed package into a cache on first use.
 _CONVERTED = "smollm2"
 NAMES: tuple[str, ...] = (*_ENTRIES, _CONVERTED)
+# What `train.py` builds (smollm2-draft has its own recipe, `distill.py`).
+RECIPE_NAMES: tuple[str, ...] = ("target", "draft", "draft-xtok", "target-chat", "draft-chat")
 REBUILD = "python -m specdec_ref.zoo.train --out zoo --budget full"
 
 
