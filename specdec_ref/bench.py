@@ -147,8 +147,11 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
             pair.target, pair.draft, ids, max_new_tokens, k, eos_token_id=[], generator=rng(i), **rule,
             min_draft_confidence=min_draft_confidence, **pair.tokenizer_kwargs)
     if hf_assisted:
-        generate["hf_assisted"] = lambda ids, k, i: (rng(i), hf_assisted_generate(pair, ids, k, max_new_tokens,
-                                                                                 temperature))[1]
+        def assisted(ids: torch.LongTensor, k: int, i: int) -> torch.LongTensor:
+            rng(i)  # seeds the global generator transformers samples from
+            return hf_assisted_generate(pair, ids, k, max_new_tokens, temperature)
+
+        generate["hf_assisted"] = assisted
 
     for name, fn in generate.items():  # warm-up: allocator, kernels, tokenizer caches
         fn(encoded[0], ks[0], 0)

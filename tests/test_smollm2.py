@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +11,8 @@ import torch
 from specdec_ref import autoregressive_generate, speculative_generate
 from specdec_ref.zoo import NAMES, load, resolve, resolve_tokenizer, smollm2
 from specdec_ref.zoo.distill import KINDS, heldout_prompts, prompts
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +131,12 @@ def test_the_distillation_recipe_runs_end_to_end(tmp_path):
     assert draft.config.hidden_size == 32 and tokenizer.chat_template
     assert len(list((work / "greedy").glob("batch-*.pt"))) == 2 and (work / "sampled" / "complete").exists()
     assert build(out, work, "tiny")["teacher_sequences"] == 18  # a rerun reuses the teacher's outputs
+
+
+def test_the_example_prompts_file_renders_with_smollm2s_chat_template(real_pair):
+    from specdec_ref.__main__ import read_prompts_file
+
+    texts = read_prompts_file(REPO / "benchmarks" / "prompts" / "chat.jsonl", real_pair[2])
+    assert len(texts) == 6 and texts[-1] == "def is_even(n):"
+    assert all(t.startswith("<|im_start|>system") and t.endswith("<|im_start|>assistant\n") for t in texts[:4])
+    assert "You are a concise assistant." in texts[2]

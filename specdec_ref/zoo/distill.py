@@ -121,8 +121,8 @@ BUDGETS = {
                    greedy_batches=2, greedy_minutes=0, sampled_batches=1, sampled_minutes=0,
                    steps=3, train_minutes=0, batch=4),
     "full": Budget(draft=Arch(256, 4, 4, 768), code_prompts=1200, new_tokens=128, gen_batch=96,
-                   greedy_batches=None, greedy_minutes=14, sampled_batches=None, sampled_minutes=12,
-                   steps=None, train_minutes=40, batch=16),
+                   greedy_batches=None, greedy_minutes=14, sampled_batches=None, sampled_minutes=18,
+                   steps=None, train_minutes=32, batch=16),
 }
 
 
