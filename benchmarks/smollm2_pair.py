@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 
 from specdec_ref import bench
-from specdec_ref.zoo.distill import KINDS, heldout_prompts
+from specdec_ref.zoo.distill import KINDS, heldout_prompts, interleave
 from specdec_ref.zoo.evaluate import loop_period
 
 
-def by_kind(summary: dict, kinds: list[str], tokenizer) -> dict:
+def by_kind(summary: dict, kinds: tuple[str, ...], tokenizer) -> dict:
     """Acceptance, speedups and loops of each prompt kind, from the per-prompt records."""
     out = {}
     for kind in KINDS:
@@ -53,11 +53,9 @@ def main() -> None:
     args = parser.parse_args()
 
     pair = bench.load_pair("zoo:smollm2", "zoo:smollm2-draft")
-    prompts = heldout_prompts(pair.target_tokenizer, per_kind=args.per_kind)
-    kinds = [kind for _ in range(args.per_kind) for kind in KINDS]
-    texts = [prompts[kind][i] for i in range(args.per_kind) for kind in KINDS]
+    kinds, texts = zip(*interleave(heldout_prompts(pair.target_tokenizer, per_kind=args.per_kind)))
     ks = [int(k) for k in args.k.split(",")]
-    summary = bench.run(pair, texts, ks, args.max_new_tokens, hf_assisted=not args.no_hf)
+    summary = bench.run(pair, list(texts), ks, args.max_new_tokens, hf_assisted=not args.no_hf)
     summary["dram_bandwidth"] = bench.dram_bandwidth()
     summary["by_kind"] = by_kind(summary, kinds, pair.target_tokenizer)
 

@@ -21,10 +21,9 @@ def _prompts(n: int) -> list[str]:
 
 def _mixed_prompts(n: int, tokenizer) -> list[str]:
     """``n`` held-out prompts of the real pair, alternating prose, code and chat."""
-    from .zoo.distill import KINDS, heldout_prompts
+    from .zoo.distill import KINDS, heldout_prompts, interleave
 
-    by_kind = heldout_prompts(tokenizer, per_kind=-(-n // len(KINDS)))
-    return [p for group in zip(*(by_kind[k] for k in KINDS)) for p in group][:n]
+    return [text for _, text in interleave(heldout_prompts(tokenizer, per_kind=-(-n // len(KINDS))))][:n]
 
 
 def read_prompts_file(path: str | Path, tokenizer) -> list[str]:

@@ -10,7 +10,7 @@ import torch
 
 from specdec_ref import autoregressive_generate, speculative_generate
 from specdec_ref.zoo import NAMES, load, resolve, resolve_tokenizer, smollm2
-from specdec_ref.zoo.distill import KINDS, heldout_prompts, prompts
+from specdec_ref.zoo.distill import KINDS, heldout_prompts, interleave, prompts
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -88,6 +88,8 @@ def test_heldout_prompts_share_nothing_with_training(real_pair):
         assert held[kind] and not set(held[kind]) & set(train[kind])
     assert all(p.startswith("<|im_start|>system") for p in held["chat"])
     assert [len(v) for v in heldout_prompts(tokenizer, per_kind=3).values()] == [3, 3, 3]
+    mixed = interleave(heldout_prompts(tokenizer, per_kind=2))
+    assert [kind for kind, _ in mixed] == list(KINDS) * 2 and mixed[3] == ("prose", held["prose"][1])
 
 
 @pytest.mark.parametrize("kind", KINDS)

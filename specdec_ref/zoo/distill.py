@@ -158,6 +158,12 @@ def prompts(tokenizer: PreTrainedTokenizerBase, split: str, code_limit: int | No
     return out
 
 
+def interleave(by_kind: dict[str, list[str]]) -> list[tuple[str, str]]:
+    """``(kind, text)`` pairs taking one prompt of each kind in turn, up to the shortest kind."""
+    return [(kind, texts[i]) for i in range(min(len(t) for t in by_kind.values()))
+            for kind, texts in ((k, by_kind[k]) for k in KINDS)]
+
+
 def heldout_prompts(tokenizer: PreTrainedTokenizerBase, per_kind: int = 8, seed: int = 0) -> dict[str, list[str]]:
     """``per_kind`` evaluation prompts of each kind, none seen in training."""
     return {kind: texts[:per_kind] for kind, texts in prompts(tokenizer, "heldout", seed=seed).items()}
@@ -264,7 +270,7 @@ def build(out: Path, work: Path, budget_name: str = "full", seed: int = 0, init:
     teacher, tokenizer = load("zoo:smollm2", dtype=torch.bfloat16)
     train = prompts(tokenizer, "train", code_limit=budget.code_prompts, seed=seed)
     # interleave the kinds so every teacher batch mixes all three
-    mixed = [p for group in zip(*(train[k] for k in KINDS)) for p in group]
+    mixed = [text for _, text in interleave(train)]
     mixed += [p for k in KINDS for p in train[k][min(len(v) for v in train.values()):]]
     records = generate_stage(teacher, tokenizer, mixed, work, "greedy", budget.greedy_batches,
                              budget.greedy_minutes, budget, sampled=False)
