@@ -4,6 +4,9 @@ Run A and B as pairs, alternating which goes first (so a slow moment or a warmin
 both alike), after a warm-up (first calls pay for allocation, lazy initialisation, page faults),
 and summarise the per-pair ratios by their median and spread: one ratio per pair cancels the
 load both runs of a pair saw, which a ratio of two separate medians does not.
+
+Before timing anything, :func:`threads_for_timing` gives torch only the cores that other
+processes leave idle: pairing cancels a slow moment, not threads that wait for a busy core.
 """
 from __future__ import annotations
 
@@ -12,6 +15,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psutil
+import torch
+
+# torch's own choice at import, so that a later call can give threads back.
+DEFAULT_THREADS = torch.get_num_threads()
+
 
 def quartiles(values: list[float]) -> tuple[float, float]:
     """The first and third quartiles (both the value itself for a single value)."""
@@ -19,6 +28,34 @@ def quartiles(values: list[float]) -> tuple[float, float]:
         return values[0], values[0]
     q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
     return q1, q3
+
+
+def threads_to_use(cores: int, busy_cores: float, default: int = DEFAULT_THREADS) -> int:
+    """torch threads for a machine with ``cores`` of which ``busy_cores`` are used by others:
+    one per idle core (rounded), at least one, at most ``default``."""
+    if cores < 1 or busy_cores < 0:
+        raise ValueError(f"need cores >= 1 and busy_cores >= 0, got {cores} and {busy_cores}")
+    return max(1, min(default, int(cores - busy_cores + 0.5)))
+
+
+def threads_for_timing(sample_seconds: float = 0.5) -> str:
+    """Set torch's thread count to the cores other processes leave idle; say what was found.
+
+    torch's threads spin-wait for each other at the end of every parallel operation, so one
+    thread that shares its core with a busy process stalls them all: on 2 cores beside one
+    busy process, decode steps ran 50-100x slower with 2 threads. With one thread per idle
+    core the figures are those of fewer cores, and noisier than on a quiet machine. The
+    check sees only the ``sample_seconds`` it samples; call it again to re-check.
+    """
+    cores = psutil.cpu_count() or 1
+    busy = psutil.cpu_percent(interval=sample_seconds) / 100 * cores  # this process sleeps meanwhile
+    threads = threads_to_use(cores, busy)
+    torch.set_num_threads(threads)
+    if threads < DEFAULT_THREADS:
+        return (f"Other processes keep {busy:.1f} of {cores} cores busy: timing with {threads} torch thread(s) "
+                f"instead of {DEFAULT_THREADS}. Timings below are slower and noisier than on a quiet machine; "
+                f"rerun when it is idle to compare with the figures the text quotes.")
+    return f"Machine quiet ({busy:.1f} of {cores} cores busy elsewhere): timing with {threads} torch threads."
 
 
 def time_paired(fn_a: Callable[[], Any], fn_b: Callable[[], Any], warmup: int = 1, repeats: int = 5,

@@ -9,8 +9,12 @@ started, used by the tests of that configuration, and stopped:
   close to the one ``specdec_ref.speculative_generate`` measures for the pair;
 * tokens/s are measured and reported (not asserted: CI machines vary).
 
-Run: ``pytest -m vllm tests/integration`` (3.5 minutes on 2 cores with the zoo pair,
-three server starts of about a minute each included).
+The servers here run with ``--enforce-eager``: these tests check outputs and
+counters, and torch.compile would add about a minute to every start (its cache
+key includes the speculative config, so no two servers share it).  Compiled
+throughput is measured beside the reference in ``test_vllm_vs_fast.py``.
+
+Run: ``pytest -m vllm tests/integration/test_vllm_server.py``.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ K = 5  # tokens drafted per step, the same for vLLM and specdec_ref
 MAX_NEW_TOKENS = 48
 BENCH_TOKENS = 128
 API_KEY = "specdec-test-key"
+EAGER = ["--enforce-eager"]  # no torch.compile: see the module docstring
 # Matching from one token up makes n-gram drafts certain for any model; longer
 # matches are preferred, up to four tokens.
 NGRAM_MIN, NGRAM_MAX = 1, 4
@@ -123,6 +128,7 @@ def server(method, model_pair, vllm_launcher, vllm_env, vllm_report, tmp_path_fa
         env=vllm_env,
         log_path=tmp_path_factory.mktemp("vllm-logs") / f"{method}.log",
         startup_timeout=600,
+        extra_args=EAGER,
     ) as running:
         vllm_report.append(f"{method or 'no speculation'}: server healthy after {running.startup_seconds:.0f} s")
         yield running
@@ -181,7 +187,7 @@ class TestServer:
         assert all(run.num_tokens == BENCH_TOKENS for run in runs)
 
         tokens_per_second = sum(run.num_tokens for run in runs) / sum(run.total_seconds for run in runs)
-        label = method or "no speculation"
+        label = f"{method or 'no speculation'} (eager)"
         if method is None:
             BASELINE["tokens_per_second"] = tokens_per_second
         speedup = tokens_per_second / BASELINE["tokens_per_second"] if BASELINE else float("nan")
@@ -221,7 +227,7 @@ def test_the_real_pair_served_with_its_draft(vllm_launcher, vllm_env, vllm_repor
     with VLLMServer.launch("zoo:smollm2", method="draft_model", draft="zoo:smollm2-draft", num_speculative_tokens=K,
                            api_key=API_KEY, port=free_port(), dtype="float32", max_model_len=2048,
                            launcher=vllm_launcher, env=vllm_env, log_path=tmp_path / "real-pair.log",
-                           startup_timeout=600) as running:
+                           startup_timeout=600, extra_args=EAGER) as running:
         client = running.client()
         before = client.spec_decode_metrics()
         runs = [client.complete(ids, max_tokens=MAX_NEW_TOKENS, temperature=0.0, extra={"ignore_eos": True})
@@ -232,5 +238,5 @@ def test_the_real_pair_served_with_its_draft(vllm_launcher, vllm_env, vllm_repor
     assert delta.acceptance_rate == pytest.approx(ours, abs=ACCEPTANCE_TOLERANCE)
     tokens_per_second = sum(run.num_tokens for run in runs) / sum(run.total_seconds for run in runs)
     vllm_report.append(f"real pair (zoo:smollm2 + zoo:smollm2-draft, k={K}): server healthy after "
-                       f"{running.startup_seconds:.0f} s; {tokens_per_second:.1f} tokens/s; acceptance "
+                       f"{running.startup_seconds:.0f} s; {tokens_per_second:.1f} tokens/s (eager); acceptance "
                        f"{delta.acceptance_rate:.3f} (specdec_ref {ours:.3f})")
