@@ -110,6 +110,10 @@ def fast_report(summary: dict) -> list[str]:
     best = next(c for c in summary["configs"] if c["k"] == summary["best_k"])
     lines.append(f"best k for the fast path = {best['k']}: speculative {best['fast']['speedup_over_own_baseline']:.2f}x "
                  f"the fast baseline (eager: {best['eager']['speedup_over_own_baseline']:.2f}x the eager baseline)")
+    baseline_gain = summary["baseline"]["fast"]["speedup_over_eager"]
+    lines.append(f"prepacking {'pays' if baseline_gain > 1 else 'does not pay'} on this machine ({baseline_gain:.2f}x "
+                 "at baseline); fast.prepare(model, only_if_faster=True) times a decode step and keeps the eager "
+                 "model where packing loses")
     return lines
 
 

@@ -14,11 +14,14 @@ The eager model stays the default and the one the lessons step through; this mod
 the switch, and the measuring tools lesson 2 uses to show why it helps:
 
 - :func:`available` ``(model=None) -> (bool, reason)``: whether the fast path applies here.
-- :func:`prepare` ``(model) -> model``: a copy that shares the weights, with every
-  ``nn.Linear`` (and GPT-2 ``Conv1D``) replaced by a :class:`PackedLinear`; each packed layer
-  is checked against the eager one on first use. Where the path does not apply (GPU,
-  another dtype, no linear layers, an untested torch whose private ops moved) it warns
-  once, in one line, and returns the model unchanged.
+- :func:`prepare` ``(model, only_if_faster=False) -> model``: a copy that shares the weights,
+  with every ``nn.Linear`` (and GPT-2 ``Conv1D``) replaced by a :class:`PackedLinear`; each
+  packed layer is checked against the eager one on first use. Where the path does not apply
+  (GPU, another dtype, no linear layers, an untested torch whose private ops moved), or with
+  ``only_if_faster`` where a timed decode step is not faster packed, it warns once, in one
+  line, and returns the model unchanged.
+- :func:`decode_step_speedup` ``(model, fast_model) -> float``: eager / fast seconds of one
+  decode step, median of paired runs.
 - :func:`is_fast` ``(model) -> bool``: whether a model runs on packed weights.
 - :func:`profile_decode_step` ``(model, context=128, repeats=5) -> dict``: where one
   decode step's time goes (linear layers, attention, other ops, outside any op).
@@ -45,6 +48,7 @@ import torch
 
 from .kv_cache import new_cache, rollback
 from .roofline import last_level_cache_bytes
+from .timing import time_paired
 
 # The private oneDNN ops this path calls; checked by name before use.
 REQUIRED_OPS = ("_reorder_linear_weight", "_linear_pointwise")
@@ -178,8 +182,28 @@ def is_fast(model: torch.nn.Module) -> bool:
     return any(isinstance(m, PackedLinear) for m in model.modules())
 
 
+@torch.inference_mode()
+def decode_step_speedup(model: torch.nn.Module, fast_model: torch.nn.Module, context: int = 32,
+                        pairs: int = 9, seed: int = 0) -> float:
+    """How much faster ``fast_model`` runs one decode step than ``model``: the median of
+    ``pairs`` paired ratios (eager seconds / fast seconds, alternating which goes first, after
+    a warm-up pair), each step one token on a ``context``-token cache, rolled back after."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (1, context + 1), generator=generator).to(model.device)
+    steps = []
+    for version in (model, fast_model):
+        cache = new_cache(version)
+        version(ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+
+        def step(version=version, cache=cache) -> None:
+            version(ids[:, context:], past_key_values=cache, use_cache=True, logits_to_keep=1)
+            rollback(cache, context)
+        steps.append(step)
+    return time_paired(*steps, warmup=1, repeats=pairs)["median_ratio"]
+
+
 @torch.no_grad()
-def prepare(model: torch.nn.Module) -> torch.nn.Module:
+def prepare(model: torch.nn.Module, only_if_faster: bool = False) -> torch.nn.Module:
     """The fast version of ``model``: a copy sharing its weights, linear layers packed for oneDNN.
 
     The original model is left as it was (both can be used side by side; the packed copies
@@ -187,6 +211,12 @@ def prepare(model: torch.nn.Module) -> torch.nn.Module:
     one (:func:`check_layer`) before use. Where the path does not apply, a one-line
     :class:`FastPathWarning` says why and ``model`` itself is returned, so callers can use
     the result unconditionally. A model already prepared is returned as it is.
+
+    Whether prepacked kernels are faster depends on the CPU: on one whose default fp32 kernel
+    already streams weights well (an Intel Xeon with AMX measured 0.78x), packing slows
+    decoding down. ``only_if_faster=True`` times a decode step both ways
+    (:func:`decode_step_speedup`, about a second for the course target) and returns ``model``
+    itself, with a one-line :class:`FastPathWarning` giving the ratio, unless packing wins.
     """
     if is_fast(model):
         return model
@@ -203,6 +233,12 @@ def prepare(model: torch.nn.Module) -> torch.nn.Module:
                           FastPathWarning, stacklevel=2)
             return model
         setattr(parent, name, packed)
+    if only_if_faster:
+        speedup = decode_step_speedup(model, fast_model)
+        if speedup <= 1.0:
+            warnings.warn(f"specdec_ref.fast: a decode step on prepacked weights ran at {speedup:.2f}x the default "
+                          "kernel's speed on this machine; using the eager model", FastPathWarning, stacklevel=2)
+            return model
     return fast_model
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -51,6 +52,25 @@ def test_prepare_packs_every_linear_and_shares_the_weights(zoo_models):
     assert weight_bytes(quick) == weight_bytes(target)
     assert quick.state_dict().keys() == target.state_dict().keys()
     assert fast.prepare(quick) is quick
+
+
+def test_decode_step_speedup_of_a_model_against_itself_is_about_one(zoo_models):
+    target = zoo_models["target"]
+    ratio = fast.decode_step_speedup(target, target, pairs=5)
+    assert 0.5 < ratio < 2.0
+
+
+def test_prepare_only_if_faster_keeps_whichever_decodes_faster_and_says_so(zoo_models):
+    target = zoo_models["target"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        chosen = fast.prepare(target, only_if_faster=True)
+    notes = [str(w.message) for w in caught if issubclass(w.category, fast.FastPathWarning)]
+    if chosen is target:  # packing lost on this machine: one line gives the measured ratio
+        assert len(notes) == 1 and "using the eager model" in notes[0], notes
+        assert float(notes[0].split("ran at ")[1].split("x")[0]) <= 1.0
+    else:
+        assert fast.is_fast(chosen) and not notes
 
 
 def test_zoo_load_fast():
@@ -202,7 +222,8 @@ def test_bench_fast_cli(saved_pair, tmp_path):
         capture_output=True, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"}, timeout=600)
     assert result.returncode == 0, result.stderr
     for line in ("threads ", "DRAM triad", "eager tok/s", "fast tok/s", "baseline", "speculative k=2",
-                 "eager 2/2, fast 2/2", "best k for the fast path = 2"):
+                 "eager 2/2, fast 2/2", "best k for the fast path = 2", "at baseline); fast.prepare(model, "
+                 "only_if_faster=True)"):
         assert line in result.stdout, line
     summary = json.loads((tmp_path / "fast.json").read_text())
     assert summary["baseline"]["fast"]["identical_prompts"] == 2 and summary["target"] == target

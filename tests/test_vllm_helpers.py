@@ -163,12 +163,22 @@ def test_venv_launcher_runs_the_server_module_of_that_environment():
     ]
 
 
-def test_cpu_env_is_offline_and_sizes_the_kv_cache(tmp_path):
+def test_cpu_env_is_offline_and_sizes_the_kv_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "course-cache"))
     base = {"PATH": "/usr/bin", "LD_PRELOAD": "/lib/other.so"}
     assert cpu_env(tmp_path, kv_cache_gib=4, base=base) == {
         "PATH": "/usr/bin", "LD_PRELOAD": "/lib/other.so", "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "4",
+        "VLLM_CACHE_ROOT": str(tmp_path / "course-cache" / "vllm"),
     }
     assert base == {"PATH": "/usr/bin", "LD_PRELOAD": "/lib/other.so"}
+
+
+def test_cpu_env_compile_cache_explicit_then_inherited_then_the_courses(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "course-cache"))
+    inherited = {"VLLM_CACHE_ROOT": "/data/vllm"}
+    assert cpu_env(tmp_path, base=inherited, compile_cache=tmp_path / "mine")["VLLM_CACHE_ROOT"] == str(tmp_path / "mine")
+    assert cpu_env(tmp_path, base=inherited)["VLLM_CACHE_ROOT"] == "/data/vllm"
+    assert cpu_env(tmp_path, base={})["VLLM_CACHE_ROOT"] == str(tmp_path / "course-cache" / "vllm")
 
 
 def test_cpu_env_can_preload_the_wheels_intel_openmp(tmp_path):

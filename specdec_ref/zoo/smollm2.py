@@ -36,7 +36,8 @@ STAMP = "specdec-conversion.json"
 
 
 def cache_root() -> Path:
-    """Where converted models are kept: ``$SPECDEC_CACHE`` or ``~/.cache/specdec``."""
+    """The course's cache folder (converted models here, vLLM's compile cache in ``vllm/``):
+    ``$SPECDEC_CACHE`` or ``~/.cache/specdec``."""
     return Path(os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec")
 
 

@@ -42,13 +42,9 @@ def vllm_launcher() -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def vllm_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Environment for the server: offline, with a 1 GiB KV cache."""
-    env = cpu_env(vllm_venv(), kv_cache_gib=1)
-    # A fresh torch.compile cache: CI measures a cold start, and nothing is
-    # written to the home directory.
-    env["VLLM_CACHE_ROOT"] = str(tmp_path_factory.mktemp("vllm-cache"))
-    return env
+def vllm_env() -> dict[str, str]:
+    """Environment for the server: offline, with a 1 GiB KV cache and the course's compile cache."""
+    return cpu_env(vllm_venv(), kv_cache_gib=1)
 
 
 @pytest.fixture(scope="session")
