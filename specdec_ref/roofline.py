@@ -133,10 +133,12 @@ def optimal_k(acceptance: float, cost_ratio: float, verify_costs: dict[int, floa
 
 
 @torch.inference_mode()
-def measure_forward_seconds(model: torch.nn.Module, context: int, new_tokens: int, repeats: int = 7) -> float:
-    """Median time of one forward over ``new_tokens`` tokens on top of a ``context``-token KV cache."""
+def measure_forward_seconds(model: torch.nn.Module, context: int, new_tokens: int, repeats: int = 7,
+                            batch: int = 1) -> float:
+    """Median time of one forward over ``new_tokens`` tokens on top of a ``context``-token KV cache,
+    for ``batch`` sequences at once (random ids; the cache is rolled back after each pass)."""
     now = clock(model.device)
-    ids = torch.randint(0, model.config.vocab_size, (1, context + new_tokens), device=model.device)
+    ids = torch.randint(0, model.config.vocab_size, (batch, context + new_tokens), device=model.device)
     cache = new_cache(model)
     model(ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
     times = []
@@ -147,3 +149,17 @@ def measure_forward_seconds(model: torch.nn.Module, context: int, new_tokens: in
             times.append(now() - t0)
         rollback(cache, context)
     return statistics.median(times)
+
+
+@torch.inference_mode()
+def measure_matmul_flops(n: int = 1024, repeats: int = 5, device: str | torch.device = "cpu") -> float:
+    """float32 FLOP/s of an n x n by n x n matmul (2 n^3 operations), median after a warm-up:
+    the compute roof of the roofline on ``device``."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    now, times = clock(torch.device(device)), []
+    for i in range(repeats + 1):
+        t0 = now()
+        a @ b
+        if i:
+            times.append(now() - t0)
+    return 2 * n**3 / statistics.median(times)

@@ -62,6 +62,19 @@ def test_machine_measurements_return_sane_values():
     assert llc is None or llc >= 2**20
     model = build("llama", 64, 2, seed=0)
     assert 0 < roofline.measure_forward_seconds(model, context=16, new_tokens=3, repeats=2) < 5
+    assert 0 < roofline.measure_forward_seconds(model, context=16, new_tokens=1, repeats=2, batch=4) < 5
+    assert roofline.measure_matmul_flops(n=256, repeats=2) > 1e8  # > 0.1 GFLOP/s on anything real
+
+
+def test_batched_forward_is_timed_on_every_sequence_of_the_batch():
+    model = build("llama", 64, 2, seed=0)
+    seen = []
+    model.register_forward_hook(
+        lambda module, args, kwargs, output: seen.append((args[0] if args else kwargs["input_ids"]).shape),
+        with_kwargs=True)
+    roofline.measure_forward_seconds(model, context=16, new_tokens=1, repeats=2, batch=3)
+    # the prefill of the context, then a warm-up and 2 timed passes of one token per sequence
+    assert seen == [(3, 16)] + [(3, 1)] * 3
 
 
 class IIDDrafter:
