@@ -94,7 +94,10 @@ def fast_report(summary: dict) -> list[str]:
     """The lines that show a ``bench.run_fast`` summary: eager and fast side by side."""
     n = summary["prompts"]
     bound = summary["seconds_per_token_bound"]
-    lines = [f"threads {summary['threads']}; DRAM triad {summary['dram_bandwidth'] / 1e9:.1f} GB/s measured here: "
+    warmup = summary["warmup_seconds"]
+    lines = [f"fast path: {summary['fast_path']}; warm-up {warmup['eager']:.1f} s eager, {warmup['fast']:.1f} s fast"
+             + (" (compilation included)" if summary["fast_path"] == "torch.compile" else ""),
+             f"threads {summary['threads']}; DRAM triad {summary['dram_bandwidth'] / 1e9:.1f} GB/s measured here: "
              f"{summary['target_weight_bytes'] / 1e6:.0f} MB of target weights per step -> bound "
              f"{bound * 1e3:.2f} ms/token ({1 / bound:.0f} tokens/s)",
              f"{'':17s}{'eager tok/s':>12s}{'fast tok/s':>12s}{'fast/eager':>11s}   weights streamed eager -> fast"
@@ -111,6 +114,8 @@ def fast_report(summary: dict) -> list[str]:
     lines.append(f"best k for the fast path = {best['k']}: speculative {best['fast']['speedup_over_own_baseline']:.2f}x "
                  f"the fast baseline (eager: {best['eager']['speedup_over_own_baseline']:.2f}x the eager baseline)")
     baseline_gain = summary["baseline"]["fast"]["speedup_over_eager"]
+    if summary["fast_path"] == "torch.compile":
+        return lines
     lines.append(f"prepacking {'pays' if baseline_gain > 1 else 'does not pay'} on this machine ({baseline_gain:.2f}x "
                  "at baseline); fast.prepare(model, only_if_faster=True) times a decode step and keeps the eager "
                  "model where packing loses")
@@ -211,6 +216,8 @@ def run_bench(args: argparse.Namespace) -> None:
         sys.exit("error: --temperature needs --do-sample (the default is greedy decoding)")
     if args.do_sample and args.fast:
         sys.exit("error: --fast compares greedy outputs; it takes no --do-sample")
+    if args.compile and not args.fast:
+        sys.exit("error: --compile chooses the --fast path's kind; use it with --fast")
     pair = bench.load_pair(args.target, args.draft, device=args.device, dtype=DTYPES[args.dtype])
     if args.prompts_file:
         try:
@@ -276,8 +283,11 @@ def run_fast_bench(args: argparse.Namespace, pair, prompts: list[str], ks: list[
     if args.plot or args.min_confidence is not None:
         sys.exit("error: --fast compares eager and fast at fixed k; it draws no plot and takes no --min-confidence")
     try:
-        summary = bench.run_fast(pair, prompts, ks, args.max_new_tokens)
-    except ValueError as error:  # the fast path does not apply (device, dtype, torch)
+        if args.compile:
+            print("compiling with torch.compile during the warm-up (a minute or more per model on 2 cores)...",
+                  flush=True)
+        summary = bench.run_fast(pair, prompts, ks, args.max_new_tokens, compile=args.compile)
+    except ValueError as error:  # the fast path does not apply (device, dtype, torch, compiler)
         sys.exit(f"error: {error}")
     summary |= {"target": args.target, "draft": args.draft, "device": args.device, "dtype": args.dtype,
                 "repeat_prompts": args.repeat_prompts}
@@ -349,6 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
     p.add_argument("--fast", action="store_true",
                    help="eager vs the fast path (specdec_ref.fast), baseline and speculative, side by side")
+    p.add_argument("--compile", action="store_true",
+                   help="with --fast: the fast path compiles the models with torch.compile instead of prepacking weights")
     p.set_defaults(func=run_bench)
 
     p = sub.add_parser("roofline", help="bandwidth lower bounds per token for a model size")

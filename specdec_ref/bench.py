@@ -7,6 +7,7 @@ are medians of per-prompt ratios to the baseline; outputs are compared, not assu
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -265,20 +266,21 @@ def dram_bandwidth(rounds: int = 3) -> float:
 
 
 def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: int = 128,
-             progress: bool = True) -> dict:
+             progress: bool = True, compile: bool = False) -> dict:
     """The eager pair against its :func:`specdec_ref.fast.prepare` version, side by side.
 
     Baseline and speculative decoding at every k run for both versions on every prompt,
-    interleaved (each prompt alternates which version goes first), after a warm-up. Speedups
+    interleaved (each prompt alternates which version goes first), after a warm-up whose
+    seconds are reported (with ``compile=True`` they include the compilation). Speedups
     are medians of per-prompt ratios; outputs are compared with the eager baseline's, prompt
     by prompt. Bandwidth achieved is also given as a share of the DRAM bandwidth measured
     here, with the torch threads used. Raises ``ValueError`` where the fast path does not apply.
     """
-    ok, reason = fast.available(pair.target)
+    ok, reason = (fast.compile_available if compile else fast.available)(pair.target)
     if not ok:
         raise ValueError(f"the fast path does not apply: {reason}")
-    versions = {"eager": pair, "fast": Pair(fast.prepare(pair.target),
-                                             pair.draft if pair.prompt_lookup else fast.prepare(pair.draft),
+    versions = {"eager": pair, "fast": Pair(fast.prepare(pair.target, compile=compile),
+                                             pair.draft if pair.prompt_lookup else fast.prepare(pair.draft, compile=compile),
                                              pair.target_tokenizer, pair.draft_tokenizer)}
     encoded = [pair.target_tokenizer(p, return_tensors="pt").input_ids.to(pair.target.device) for p in prompts]
 
@@ -289,9 +291,12 @@ def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_toke
         return speculative_generate(p.target, p.draft, ids, max_new_tokens, k, eos_token_id=[], **p.tokenizer_kwargs)
 
     methods = [None, *ks]  # None: the baseline
-    for version in versions:  # warm-up: allocator, kernels, tokenizer caches
+    warmup_seconds = {}
+    for version in versions:  # warm-up: allocator, kernels, tokenizer caches, compilation
+        start = time.perf_counter()
         for k in (None, ks[0]):
             generate(version, encoded[0], k)
+        warmup_seconds[version] = time.perf_counter() - start
     bandwidth = dram_bandwidth()
     now = clock(pair.target.device)
     runs = {(version, k): [] for version in versions for k in methods}
@@ -332,6 +337,8 @@ def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_toke
         "max_new_tokens": max_new_tokens,
         "prompts": len(prompts),
         "threads": torch.get_num_threads(),
+        "fast_path": "torch.compile" if compile else "prepacked oneDNN weights",
+        "warmup_seconds": warmup_seconds,
         "dram_bandwidth": bandwidth,
         "target_weight_bytes": target_bytes,
         "draft_weight_bytes": draft_bytes,

@@ -1,4 +1,4 @@
-"""An opt-in fast CPU path: the same model, its linear layers run on weights prepacked for oneDNN.
+"""An opt-in fast CPU path: the same model on weights prepacked for oneDNN, or compiled by torch.compile.
 
 Decoding one token at batch 1 reads every weight once, so its speed limit is weight bytes /
 memory bandwidth (``specdec_ref.roofline``). PyTorch's default fp32 CPU kernel for a
@@ -9,6 +9,10 @@ no reordering. Whether that streams faster depends on the CPU, the thread count 
 else runs: ``python -m specdec_ref bench --fast`` measures it, eager and fast interleaved,
 and :func:`matmul_bandwidth` measures one kernel. Nothing else changes: same weights,
 same fp32 arithmetic (summed in another order), same loops.
+
+The same switch can compile instead (``prepare(model, compile=True)``): ``torch.compile``
+fuses the small operators around the matmuls and removes most of the Python glue, the
+fixed cost that :func:`profile_decode_step` shows is a large share of a small model's step.
 
 The eager model stays the default and the one the lessons step through; this module is
 the switch, and the measuring tools lesson 2 uses to show why it helps:
@@ -22,6 +26,9 @@ the switch, and the measuring tools lesson 2 uses to show why it helps:
   line, and returns the model unchanged.
 - :func:`decode_step_speedup` ``(model, fast_model) -> float``: eager / fast seconds of one
   decode step, median of paired runs.
+- ``prepare(model, compile=True)``: instead of packing, a copy whose forward is compiled by
+  ``torch.compile`` (dynamic shapes); :func:`compile_available` says whether it can be here,
+  :func:`is_compiled` whether a model was.
 - :func:`is_fast` ``(model) -> bool``: whether a model runs on packed weights.
 - :func:`profile_decode_step` ``(model, context=128, repeats=5) -> dict``: where one
   decode step's time goes (linear layers, attention, other ops, outside any op).
@@ -38,6 +45,7 @@ import contextlib
 import copy
 import math
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -202,8 +210,80 @@ def decode_step_speedup(model: torch.nn.Module, fast_model: torch.nn.Module, con
     return time_paired(*steps, warmup=1, repeats=pairs)["median_ratio"]
 
 
+def compile_available(model: torch.nn.Module | None = None) -> tuple[bool, str]:
+    """Whether :func:`prepare` ``(model, compile=True)`` can compile here: ``(ok, reason)``.
+
+    torch.compile's CPU backend (inductor) writes C++ and builds it with the system's compiler.
+    """
+    if model is not None:
+        devices = {p.device.type for p in model.parameters()}
+        if devices != {"cpu"}:
+            return False, f"the model is on {', '.join(sorted(devices))}; this switch compiles for CPU only"
+        dtypes = {p.dtype for p in model.parameters()}
+        if dtypes != {torch.float32}:
+            return False, "the model is not float32; the fast path keeps float32 arithmetic"
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if not compiler:
+        return False, "no C++ compiler (g++, c++ or clang++) on PATH: torch.compile's CPU backend needs one"
+    return True, f"torch.compile (inductor) can build with {compiler}"
+
+
+# Compiled graphs are cached per Python function, and every Llama's forward is the same
+# function: a target, its draft and their pass kinds (prefill, one token, k + 1 tokens) need
+# more entries than torch's default of 8, past which it silently runs the rest uncompiled.
+RECOMPILE_LIMIT = 64
+
+
+class _CompiledForward:
+    """A model's forward compiled by torch.compile, fed inputs in one canonical form.
+
+    Each compiled graph is guarded by its inputs' properties; two properties that the loops
+    vary without meaning anything would recompile again and again: whether a tensor was
+    made under inference mode, and the strides of cache tensors that a rollback left as
+    views of longer ones. Cloning the ids under inference mode and making such cache tensors
+    contiguous (a copy only after a rollback) fixes both.
+    """
+
+    def __init__(self, forward) -> None:
+        self.compiled = torch.compile(forward, dynamic=True)
+
+    def __call__(self, input_ids: torch.Tensor | None = None, *args, **kwargs):
+        with torch.inference_mode():
+            if input_ids is not None:
+                input_ids = input_ids.clone()
+            for layer in getattr(kwargs.get("past_key_values"), "layers", ()):
+                for name in ("keys", "values"):
+                    tensor = getattr(layer, name, None)
+                    if isinstance(tensor, torch.Tensor) and not tensor.is_contiguous():
+                        setattr(layer, name, tensor.contiguous())
+            return self.compiled(input_ids, *args, **kwargs)
+
+
+def _compiled(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy sharing ``model``'s weights whose forward is compiled by torch.compile.
+
+    Dynamic shapes: one graph serves every cache length and every number of new tokens
+    above one (the prefill, the k + 1 tokens of a verification), so a run compiles a few
+    graphs once instead of one per length. Weights stay on the default kernel: the packed
+    oneDNN tensors are opaque to the compiler. Raises torch's recompile limit to
+    :data:`RECOMPILE_LIMIT` (a process-wide setting).
+    """
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    compiled = _copy_sharing_weights(model)
+    compiled.forward = _CompiledForward(compiled.forward)
+    compiled._specdec_compiled = True
+    return compiled
+
+
+def is_compiled(model: torch.nn.Module) -> bool:
+    """Whether ``model`` came from :func:`prepare` ``(..., compile=True)``."""
+    return getattr(model, "_specdec_compiled", False)
+
+
 @torch.no_grad()
-def prepare(model: torch.nn.Module, only_if_faster: bool = False) -> torch.nn.Module:
+def prepare(model: torch.nn.Module, only_if_faster: bool = False, compile: bool = False) -> torch.nn.Module:
     """The fast version of ``model``: a copy sharing its weights, linear layers packed for oneDNN.
 
     The original model is left as it was (both can be used side by side; the packed copies
@@ -217,9 +297,23 @@ def prepare(model: torch.nn.Module, only_if_faster: bool = False) -> torch.nn.Mo
     decoding down. ``only_if_faster=True`` times a decode step both ways
     (:func:`decode_step_speedup`, about a second for the course target) and returns ``model``
     itself, with a one-line :class:`FastPathWarning` giving the ratio, unless packing wins.
+
+    ``compile=True`` compiles the model with ``torch.compile`` instead of packing its
+    weights: operators fused into C++ loops, most of the Python and ``transformers`` glue
+    of a decode step gone (on a 2-core Xeon the course target decoded 1.5x faster). The
+    compilation itself runs on the first calls, once per new kind of input (prefill, one
+    token, k + 1 tokens): a minute or two on 2 cores, which ``bench --fast --compile``
+    reports. Fused operators round differently in the last bits, like packing: greedy
+    output is identical except at near-ties, which the bench counts.
     """
-    if is_fast(model):
+    if is_fast(model) or is_compiled(model):
         return model
+    if compile:
+        ok, reason = compile_available(model)
+        if not ok:
+            warnings.warn(f"specdec_ref.fast: {reason}; using the eager model", FastPathWarning, stacklevel=2)
+            return model
+        return _compiled(model)
     ok, reason = available(model)
     if not ok:
         warnings.warn(f"specdec_ref.fast: {reason}; using the eager model", FastPathWarning, stacklevel=2)

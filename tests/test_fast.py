@@ -110,6 +110,50 @@ def test_random_families_greedy_identical(family_pair):
             assert torch.equal(out.sequences, expected), (family, seed)
 
 
+def test_compile_shares_the_weights_and_decodes_real_weights_exactly(zoo_models):
+    draft, tokenizer = zoo_models["draft"], zoo_models["tokenizer"]
+    ok, reason = fast.compile_available(draft)
+    assert ok, reason
+    compiled = fast.prepare(draft, compile=True)
+    assert compiled is not draft and fast.is_compiled(compiled) and not fast.is_compiled(draft)
+    assert not fast.is_fast(compiled)  # compiled, not packed
+    assert all(a is b for a, b in zip(compiled.parameters(), draft.parameters()))
+    assert fast.prepare(compiled, compile=True) is compiled
+    for text in heldout_prompts(2):
+        ids = tokenizer(text, return_tensors="pt").input_ids
+        assert torch.equal(greedy(compiled, ids), greedy(draft, ids))
+
+
+def test_compiled_target_verifies_drafts_exactly():
+    # A small random target keeps the compilation short; as the target, its compiled graph
+    # runs every pass kind: the prefill, one-token steps and k + 1-token verifications.
+    target = build("llama", 64, 2, seed=0)
+    compiled = fast.prepare(target, compile=True)
+    draft = noisy_copy(target, 0.05, seed=1)
+    for seed, k in ((0, 2), (1, 5)):
+        ids = prompt(12, seed=seed)
+        expected = greedy(target, ids)
+        out = speculative_generate(compiled, draft, ids, NEW_TOKENS, k, eos_token_id=[])
+        assert torch.equal(out.sequences, expected), (seed, k)
+        assert 0 < out.stats.accepted_tokens < out.stats.drafted_tokens  # both outcomes were verified
+
+
+def test_compile_without_a_cxx_compiler_is_a_noop_with_a_message(monkeypatch):
+    model = build("llama", 64, 1, seed=0)
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.delenv("CXX", raising=False)
+    ok, reason = fast.compile_available(model)
+    assert not ok and "no C++ compiler" in reason
+    with pytest.warns(fast.FastPathWarning, match="no C\\+\\+ compiler"):
+        assert fast.prepare(model, compile=True) is model
+
+
+def test_compile_of_another_dtype_is_a_noop_with_a_message():
+    model = build("llama", 64, 1, seed=0).to(torch.bfloat16)
+    with pytest.warns(fast.FastPathWarning, match="not float32"):
+        assert fast.prepare(model, compile=True) is model
+
+
 def test_another_dtype_is_a_noop_with_a_message():
     model = build("llama", 64, 1, seed=0).to(torch.bfloat16)
     with pytest.warns(fast.FastPathWarning, match="bfloat16; the fast path packs float32 only"):
@@ -227,6 +271,29 @@ def test_bench_fast_cli(saved_pair, tmp_path):
         assert line in result.stdout, line
     summary = json.loads((tmp_path / "fast.json").read_text())
     assert summary["baseline"]["fast"]["identical_prompts"] == 2 and summary["target"] == target
+
+
+def test_bench_fast_compile_cli(saved_pair, tmp_path):
+    target, draft = saved_pair
+    result = subprocess.run(
+        [sys.executable, "-m", "specdec_ref", "bench", "--fast", "--compile", "--target", target, "--draft", draft,
+         "--k", "3", "--prompts", "2", "--max-new-tokens", "8", "--json", str(tmp_path / "compiled.json")],
+        capture_output=True, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"}, timeout=900)
+    assert result.returncode == 0, result.stderr
+    for line in ("compiling with torch.compile", "fast path: torch.compile; warm-up", "(compilation included)",
+                 "eager 2/2, fast 2/2", "best k for the fast path = 3"):
+        assert line in result.stdout, line
+    summary = json.loads((tmp_path / "compiled.json").read_text())
+    assert summary["fast_path"] == "torch.compile" and summary["warmup_seconds"]["fast"] > 0
+    assert summary["configs"][0]["fast"]["identical_prompts"] == 2
+
+
+def test_bench_compile_needs_fast(saved_pair):
+    target, draft = saved_pair
+    result = subprocess.run(
+        [sys.executable, "-m", "specdec_ref", "bench", "--compile", "--target", target, "--draft", draft],
+        capture_output=True, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"}, timeout=600)
+    assert result.returncode != 0 and "--compile chooses the --fast path's kind" in result.stderr
 
 
 def test_bench_fast_cli_rejects_a_plot(saved_pair):
