@@ -2,6 +2,7 @@
 
     python benchmarks/vllm_vs_fast.py                      # zoo:target + zoo:draft, 8 prompts, k = 4
     python benchmarks/vllm_vs_fast.py --prompts 4 --k 4 --json out/vllm_vs_fast.json
+    python benchmarks/vllm_vs_fast.py --compile            # the fast reference compiled instead of prepacked
 
 Two servers run one after the other, float32 like the reference: plain decoding, then
 draft-model speculation with k drafts per step. While a server is up, every prompt is
@@ -42,11 +43,13 @@ def free_port() -> int:
 
 
 def compare(target: str, draft: str, venv: Path, prompts: list[str], k: int, max_new_tokens: int,
-            log_dir: Path) -> dict:
-    """Time vLLM and the reference on every prompt, for plain decoding and for draft-model speculation."""
+            log_dir: Path, compile: bool = False) -> dict:
+    """Time vLLM and the reference on every prompt, for plain decoding and for draft-model speculation.
+    ``compile``: the fast reference is ``fast.prepare(..., compile=True)`` (compiled during the warm-up)."""
     target_model, tokenizer = zoo.load(target)
     draft_model, _ = zoo.load(draft)
-    reference = {"eager": (target_model, draft_model), "fast": (fast.prepare(target_model), fast.prepare(draft_model))}
+    reference = {"eager": (target_model, draft_model),
+                 "fast": (fast.prepare(target_model, compile=compile), fast.prepare(draft_model, compile=compile))}
     prompt_ids = [tokenizer(p, return_tensors="pt").input_ids for p in prompts]
 
     def run_reference(version: str, ids: torch.LongTensor, speculative: bool) -> tuple[list[int], float]:
@@ -92,6 +95,7 @@ def compare(target: str, draft: str, venv: Path, prompts: list[str], k: int, max
         for name, ids in by_method.items():
             results[label][name]["identical_to_eager_baseline"] = sum(a == b for a, b in zip(ids, expected))
     return {"target": target, "draft": draft, "k": k, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
+            "fast_path": "torch.compile" if compile else "prepacked oneDNN weights",
             "threads": torch.get_num_threads(), "load_average": os.getloadavg()} | results
 
 
@@ -99,7 +103,8 @@ def report(summary: dict) -> list[str]:
     """Lines that show :func:`compare`'s summary."""
     n = summary["prompts"]
     lines = [f"{summary['target']} + {summary['draft']}, greedy, {summary['max_new_tokens']} new tokens, {n} prompts, "
-             f"k = {summary['k']}, reference threads {summary['threads']}, load average at the end "
+             f"k = {summary['k']}, fast path: {summary['fast_path']}, reference threads {summary['threads']}, "
+             "load average at the end "
              + ", ".join(f"{x:.1f}" for x in summary["load_average"]),
              "tokens/s, medians per request (range); vLLM's include its HTTP round trip and streaming"]
     for label in ("baseline", "speculative"):
@@ -121,12 +126,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--venv", type=Path, default=Path(os.environ.get("SPECDEC_VLLM_VENV", REPO / ".venv-vllm")))
     parser.add_argument("--json")
+    parser.add_argument("--compile", action="store_true", help="compile the fast reference instead of prepacking")
     args = parser.parse_args(argv)
     if not (args.venv / "bin" / "python").exists():
         sys.exit(f"error: no vLLM environment at {args.venv}: run scripts/setup_vllm_env.sh first")
     with tempfile.TemporaryDirectory(prefix="vllm-vs-fast-") as tmp:
         summary = compare(args.target, args.draft, args.venv, heldout_prompts(args.prompts), args.k,
-                          args.max_new_tokens, Path(tmp))
+                          args.max_new_tokens, Path(tmp), compile=args.compile)
     print("\n".join(report(summary)))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
