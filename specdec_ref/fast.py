@@ -302,8 +302,8 @@ def prepare(model: torch.nn.Module, only_if_faster: bool = False, compile: bool 
     weights: operators fused into C++ loops, most of the Python and ``transformers`` glue
     of a decode step gone (on a 2-core Xeon the course target decoded 1.5x faster). The
     compilation itself runs on the first calls, once per new kind of input (prefill, one
-    token, k + 1 tokens): a minute or two on 2 cores, which ``bench --fast --compile``
-    reports. Fused operators round differently in the last bits, like packing: greedy
+    token, k + 1 tokens): about 45 s for the course pair on 2 cores, a few minutes the first
+    time (before torch's on-disk kernel cache is warm), which ``bench --fast --compile`` reports. Fused operators round differently in the last bits, like packing: greedy
     output is identical except at near-ties, which the bench counts.
     """
     if is_fast(model) or is_compiled(model):
