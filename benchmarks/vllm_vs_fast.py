@@ -95,7 +95,7 @@ def compare(target: str, draft: str, venv: Path, prompts: list[str], k: int, max
         for name, ids in by_method.items():
             results[label][name]["identical_to_eager_baseline"] = sum(a == b for a, b in zip(ids, expected))
     return {"target": target, "draft": draft, "k": k, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
-            "fast_path": "torch.compile" if compile else "prepacked oneDNN weights",
+            "fast_path": fast.PATH_NAMES[compile],
             "threads": torch.get_num_threads(), "load_average": os.getloadavg()} | results
 
 

@@ -92,11 +92,13 @@ def measure_this_machine() -> dict[str, float]:
 
 def fast_report(summary: dict) -> list[str]:
     """The lines that show a ``bench.run_fast`` summary: eager and fast side by side."""
+    from . import fast
+
     n = summary["prompts"]
     bound = summary["seconds_per_token_bound"]
-    warmup = summary["warmup_seconds"]
+    warmup, compiled = summary["warmup_seconds"], summary["fast_path"] == fast.PATH_NAMES[True]
     lines = [f"fast path: {summary['fast_path']}; warm-up {warmup['eager']:.1f} s eager, {warmup['fast']:.1f} s fast"
-             + (" (compilation included)" if summary["fast_path"] == "torch.compile" else ""),
+             + (" (compilation included)" if compiled else ""),
              f"threads {summary['threads']}; DRAM triad {summary['dram_bandwidth'] / 1e9:.1f} GB/s measured here: "
              f"{summary['target_weight_bytes'] / 1e6:.0f} MB of target weights per step -> bound "
              f"{bound * 1e3:.2f} ms/token ({1 / bound:.0f} tokens/s)",
@@ -113,12 +115,11 @@ def fast_report(summary: dict) -> list[str]:
     best = next(c for c in summary["configs"] if c["k"] == summary["best_k"])
     lines.append(f"best k for the fast path = {best['k']}: speculative {best['fast']['speedup_over_own_baseline']:.2f}x "
                  f"the fast baseline (eager: {best['eager']['speedup_over_own_baseline']:.2f}x the eager baseline)")
-    baseline_gain = summary["baseline"]["fast"]["speedup_over_eager"]
-    if summary["fast_path"] == "torch.compile":
-        return lines
-    lines.append(f"prepacking {'pays' if baseline_gain > 1 else 'does not pay'} on this machine ({baseline_gain:.2f}x "
-                 "at baseline); fast.prepare(model, only_if_faster=True) times a decode step and keeps the eager "
-                 "model where packing loses")
+    if not compiled:
+        gain = summary["baseline"]["fast"]["speedup_over_eager"]
+        lines.append(f"prepacking {'pays' if gain > 1 else 'does not pay'} on this machine ({gain:.2f}x at baseline); "
+                     "fast.prepare(model, only_if_faster=True) times a decode step and keeps the eager model where "
+                     "packing loses")
     return lines
 
 

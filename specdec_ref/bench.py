@@ -337,7 +337,7 @@ def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_toke
         "max_new_tokens": max_new_tokens,
         "prompts": len(prompts),
         "threads": torch.get_num_threads(),
-        "fast_path": "torch.compile" if compile else "prepacked oneDNN weights",
+        "fast_path": fast.PATH_NAMES[compile],
         "warmup_seconds": warmup_seconds,
         "dram_bandwidth": bandwidth,
         "target_weight_bytes": target_bytes,

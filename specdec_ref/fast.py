@@ -196,18 +196,22 @@ def decode_step_speedup(model: torch.nn.Module, fast_model: torch.nn.Module, con
     """How much faster ``fast_model`` runs one decode step than ``model``: the median of
     ``pairs`` paired ratios (eager seconds / fast seconds, alternating which goes first, after
     a warm-up pair), each step one token on a ``context``-token cache, rolled back after."""
+    steps = [_decode_step(version, context, seed) for version in (model, fast_model)]
+    return time_paired(*steps, warmup=1, repeats=pairs)["median_ratio"]
+
+
+def _decode_step(model: torch.nn.Module, context: int, seed: int):
+    """A function that decodes one (seeded random) token on a ``context``-token cache of
+    ``model`` and rolls the cache back, so that every call does the same work."""
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, model.config.vocab_size, (1, context + 1), generator=generator).to(model.device)
-    steps = []
-    for version in (model, fast_model):
-        cache = new_cache(version)
-        version(ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    cache = new_cache(model)
+    model(ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
 
-        def step(version=version, cache=cache) -> None:
-            version(ids[:, context:], past_key_values=cache, use_cache=True, logits_to_keep=1)
-            rollback(cache, context)
-        steps.append(step)
-    return time_paired(*steps, warmup=1, repeats=pairs)["median_ratio"]
+    def step() -> None:
+        model(ids[:, context:], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        rollback(cache, context)
+    return step
 
 
 def compile_available(model: torch.nn.Module | None = None) -> tuple[bool, str]:
@@ -227,6 +231,9 @@ def compile_available(model: torch.nn.Module | None = None) -> tuple[bool, str]:
         return False, "no C++ compiler (g++, c++ or clang++) on PATH: torch.compile's CPU backend needs one"
     return True, f"torch.compile (inductor) can build with {compiler}"
 
+
+# What each kind of fast path is called in benchmark summaries.
+PATH_NAMES = {False: "prepacked oneDNN weights", True: "torch.compile"}
 
 # Compiled graphs are cached per Python function, and every Llama's forward is the same
 # function: a target, its draft and their pass kinds (prefill, one token, k + 1 tokens) need
@@ -303,7 +310,8 @@ def prepare(model: torch.nn.Module, only_if_faster: bool = False, compile: bool 
     of a decode step gone (on a 2-core Xeon the course target decoded 1.5x faster). The
     compilation itself runs on the first calls, once per new kind of input (prefill, one
     token, k + 1 tokens): about 45 s for the course pair on 2 cores, a few minutes the first
-    time (before torch's on-disk kernel cache is warm), which ``bench --fast --compile`` reports. Fused operators round differently in the last bits, like packing: greedy
+    time (before torch's on-disk kernel cache is warm), which ``bench --fast --compile``
+    reports. Fused operators round differently in the last bits, like packing: greedy
     output is identical except at near-ties, which the bench counts.
     """
     if is_fast(model) or is_compiled(model):
@@ -380,17 +388,13 @@ def profile_decode_step(model: torch.nn.Module, context: int = 128, repeats: int
     """
     from torch.profiler import ProfilerActivity, profile
 
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.config.vocab_size, (1, context + 1), generator=generator).to(model.device)
-    cache = new_cache(model)
-    model(ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    decode = _decode_step(model, context, seed)
     steps = []
     for i in range(repeats + 1):  # the first step is the warm-up
         with _silenced_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
             start = time.perf_counter()
-            model(ids[:, context:], past_key_values=cache, use_cache=True, logits_to_keep=1)
+            decode()
             total = time.perf_counter() - start
-        rollback(cache, context)
         if not i:
             continue
         step = {"linear": 0.0, "attention": 0.0, "other_ops": 0.0, "linear_calls": 0.0}
