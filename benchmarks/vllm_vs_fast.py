@@ -2,7 +2,7 @@
 
     python benchmarks/vllm_vs_fast.py                      # zoo:target + zoo:draft, 8 prompts, k = 4
     python benchmarks/vllm_vs_fast.py --prompts 4 --k 4 --json out/vllm_vs_fast.json
-    python benchmarks/vllm_vs_fast.py --compile            # the fast reference compiled instead of prepacked
+    python benchmarks/vllm_vs_fast.py --compile            # the fast reference compiled as well
 
 Two servers run one after the other, float32 like the reference: plain decoding, then
 draft-model speculation with k drafts per step. While a server is up, every prompt is
@@ -95,7 +95,7 @@ def compare(target: str, draft: str, venv: Path, prompts: list[str], k: int, max
         for name, ids in by_method.items():
             results[label][name]["identical_to_eager_baseline"] = sum(a == b for a, b in zip(ids, expected))
     return {"target": target, "draft": draft, "k": k, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
-            "fast_path": fast.PATH_NAMES[compile],
+            "fast_path": fast.path_name(reference["fast"][0]),
             "threads": torch.get_num_threads(), "load_average": os.getloadavg()} | results
 
 
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--venv", type=Path, default=Path(os.environ.get("SPECDEC_VLLM_VENV", REPO / ".venv-vllm")))
     parser.add_argument("--json")
-    parser.add_argument("--compile", action="store_true", help="compile the fast reference instead of prepacking")
+    parser.add_argument("--compile", action="store_true", help="compile the fast reference as well (torch.compile)")
     args = parser.parse_args(argv)
     if not (args.venv / "bin" / "python").exists():
         sys.exit(f"error: no vLLM environment at {args.venv}: run scripts/setup_vllm_env.sh first")

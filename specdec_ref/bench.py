@@ -274,14 +274,16 @@ def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_toke
     seconds are reported (with ``compile=True`` they include the compilation). Speedups
     are medians of per-prompt ratios; outputs are compared with the eager baseline's, prompt
     by prompt. Bandwidth achieved is also given as a share of the DRAM bandwidth measured
-    here, with the torch threads used. Raises ``ValueError`` where the fast path does not apply.
+    here, with the torch threads used; each version's bytes are those it reads
+    (:func:`specdec_ref.fast.streamed_weight_bytes`). Raises ``ValueError`` where the fast path does not apply.
     """
     ok, reason = (fast.compile_available if compile else fast.available)(pair.target)
     if not ok:
         raise ValueError(f"the fast path does not apply: {reason}")
-    versions = {"eager": pair, "fast": Pair(fast.prepare(pair.target, compile=compile),
-                                             pair.draft if pair.prompt_lookup else fast.prepare(pair.draft, compile=compile),
-                                             pair.target_tokenizer, pair.draft_tokenizer)}
+    fast_pair = Pair(fast.prepare(pair.target, compile=compile),
+                     pair.draft if pair.prompt_lookup else fast.prepare(pair.draft, compile=compile),
+                     pair.target_tokenizer, pair.draft_tokenizer)
+    versions = {"eager": pair, "fast": fast_pair}
     encoded = [pair.target_tokenizer(p, return_tensors="pt").input_ids.to(pair.target.device) for p in prompts]
 
     def generate(version: str, ids: torch.LongTensor, k: int | None):
@@ -307,13 +309,16 @@ def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_toke
                 out, seconds = _timed(lambda: generate(version, ids, k), now)
                 runs[version, k].append({"sequences": out.sequences, "seconds": seconds, "stats": out.stats})
 
-    target_bytes = roofline.weight_bytes(pair.target)
-    draft_bytes = 0.0 if pair.prompt_lookup else roofline.weight_bytes(pair.draft)
+    # Bytes each version reads per pass: bf16-stored layers read half their fp32 weight's.
+    streamed = {version: (fast.streamed_weight_bytes(p.target),
+                          0.0 if pair.prompt_lookup else fast.streamed_weight_bytes(p.draft))
+                for version, p in versions.items()}
     eager_baseline = runs["eager", None]
 
     def figures(version: str, k: int | None) -> dict:
         results = runs[version, k]
         tps = [max_new_tokens / r["seconds"] for r in results]
+        target_bytes, draft_bytes = streamed[version]
         achieved = statistics.median(
             roofline.bandwidth_achieved(target_bytes, r["stats"].target_forward_calls, r["seconds"])
             + roofline.bandwidth_achieved(draft_bytes, r["stats"].draft_forward_calls, r["seconds"])
@@ -337,12 +342,15 @@ def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_toke
         "max_new_tokens": max_new_tokens,
         "prompts": len(prompts),
         "threads": torch.get_num_threads(),
-        "fast_path": fast.PATH_NAMES[compile],
+        "fast_path": fast.path_name(fast_pair.target),
+        "compiled": compile,
         "warmup_seconds": warmup_seconds,
         "dram_bandwidth": bandwidth,
-        "target_weight_bytes": target_bytes,
-        "draft_weight_bytes": draft_bytes,
-        "seconds_per_token_bound": roofline.seconds_per_token_bound(target_bytes, bandwidth),
+        "target_weight_bytes": streamed["eager"][0],
+        "draft_weight_bytes": streamed["eager"][1],
+        "fast_target_weight_bytes": streamed["fast"][0],
+        "seconds_per_token_bound": roofline.seconds_per_token_bound(streamed["eager"][0], bandwidth),
+        "fast_seconds_per_token_bound": roofline.seconds_per_token_bound(streamed["fast"][0], bandwidth),
         "baseline": {version: figures(version, None) for version in versions},
         "configs": [{"k": k} | {version: figures(version, k) for version in versions} for k in ks],
     }

@@ -1,4 +1,4 @@
-"""An opt-in fast CPU path: the same model on weights prepacked for oneDNN, or compiled by torch.compile.
+"""An opt-in fast CPU path: the same model reading half the weight bytes, on prepacked weights, or compiled.
 
 Decoding one token at batch 1 reads every weight once, so its speed limit is weight bytes /
 memory bandwidth (``specdec_ref.roofline``). PyTorch's default fp32 CPU kernel for a
@@ -10,7 +10,14 @@ else runs: ``python -m specdec_ref bench --fast`` measures it, eager and fast in
 and :func:`matmul_bandwidth` measures one kernel. Nothing else changes: same weights,
 same fp32 arithmetic (summed in another order), same loops.
 
-The same switch can compile instead (``prepare(model, compile=True)``): ``torch.compile``
+Where a model's fp32 weights hold bfloat16 values (the course zoo stores bfloat16 and the
+loader upcasts), half of every weight's bytes are zeros that a decode step still streams.
+:mod:`specdec_ref.bf16_weights` keeps such layers as bfloat16 and widens each weight in
+registers: the same numbers and fp32 arithmetic, half the bytes, so half the roofline bound.
+:func:`prepare` uses it for every layer it can (``bf16_weights=True``, the default) and
+prepacks the rest; :func:`streamed_weight_bytes` counts what a step then reads.
+
+The same switch can compile as well (``prepare(model, compile=True)``): ``torch.compile``
 fuses the small operators around the matmuls and removes most of the Python glue, the
 fixed cost that :func:`profile_decode_step` shows is a large share of a small model's step.
 
@@ -18,18 +25,21 @@ The eager model stays the default and the one the lessons step through; this mod
 the switch, and the measuring tools lesson 2 uses to show why it helps:
 
 - :func:`available` ``(model=None) -> (bool, reason)``: whether the fast path applies here.
-- :func:`prepare` ``(model, only_if_faster=False) -> model``: a copy that shares the weights,
-  with every ``nn.Linear`` (and GPT-2 ``Conv1D``) replaced by a :class:`PackedLinear`; each
-  packed layer is checked against the eager one on first use. Where the path does not apply
+- :func:`prepare` ``(model, only_if_faster=False, compile=False, bf16_weights=True) -> model``:
+  a copy that shares the weights, every ``nn.Linear`` (and GPT-2 ``Conv1D``) replaced by a
+  :class:`~specdec_ref.bf16.Bf16WeightLinear` where its weights are bf16-exact, else
+  by a :class:`PackedLinear`; each replaced layer is checked against the eager one first. Where the path does not apply
   (GPU, another dtype, no linear layers, an untested torch whose private ops moved), or with
   ``only_if_faster`` where a timed decode step is not faster packed, it warns once, in one
   line, and returns the model unchanged.
 - :func:`decode_step_speedup` ``(model, fast_model) -> float``: eager / fast seconds of one
   decode step, median of paired runs.
-- ``prepare(model, compile=True)``: instead of packing, a copy whose forward is compiled by
-  ``torch.compile`` (dynamic shapes); :func:`compile_available` says whether it can be here,
-  :func:`is_compiled` whether a model was.
-- :func:`is_fast` ``(model) -> bool``: whether a model runs on packed weights.
+- ``prepare(model, compile=True)``: bf16-stored layers where they apply, the rest on the default
+  kernel, and the forward compiled by ``torch.compile`` (dynamic shapes);
+  :func:`compile_available` says whether it can be here, :func:`is_compiled` whether a model was.
+- :func:`is_fast` ``(model) -> bool``: whether a model runs on packed or bf16-stored weights;
+  :func:`path_name` ``(model) -> str`` says which, for reports.
+- :func:`streamed_weight_bytes` ``(model) -> float``: the weight bytes one decode step reads.
 - :func:`profile_decode_step` ``(model, context=128, repeats=5) -> dict``: where one
   decode step's time goes (linear layers, attention, other ops, outside any op).
 - :func:`matmul_bandwidth` ``(out_features, in_features, fast=False, tokens=1) -> dict``:
@@ -54,6 +64,7 @@ from itertools import chain
 
 import torch
 
+from . import bf16_weights as bf16
 from .kv_cache import new_cache, rollback
 from .roofline import last_level_cache_bytes
 from .timing import time_paired
@@ -65,7 +76,7 @@ MIN_TORCH = (2, 2)
 TORCH_VERSION = torch.__version__
 
 # Top-level profiler op names that are a weight matmul (eager nn.Linear, GPT-2 Conv1D, packed).
-LINEAR_OPS = frozenset({"aten::linear", "aten::addmm", "mkldnn::_linear_pointwise"})
+LINEAR_OPS = frozenset({"aten::linear", "aten::addmm", "mkldnn::_linear_pointwise", "specdec::bf16_weights_linear"})
 
 
 class FastPathWarning(UserWarning):
@@ -153,8 +164,9 @@ class PackedLinear(torch.nn.Module):
 
 
 @torch.no_grad()
-def check_layer(layer: torch.nn.Module, packed: PackedLinear, tokens: int = 3, seed: int = 0) -> str | None:
-    """Compare the packed layer with the eager one on random inputs of 1 and ``tokens`` rows.
+def check_layer(layer: torch.nn.Module, packed: torch.nn.Module, tokens: int = 3, seed: int = 0) -> str | None:
+    """Compare a replacement layer (packed or bf16-stored) with the eager one on random inputs
+    of 1 and ``tokens`` rows.
 
     The tolerance is the worst-case rounding of a K-term fp32 dot product in any summation
     order (K * eps * sum |x_i w_i|): a correct kernel always passes, a kernel reading a wrong
@@ -185,9 +197,36 @@ def _copy_sharing_weights(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model, memo)
 
 
+FAST_LAYERS = (PackedLinear, bf16.Bf16WeightLinear)
+
+
 def is_fast(model: torch.nn.Module) -> bool:
-    """Whether ``model`` has layers running on packed weights (i.e. came from :func:`prepare`)."""
-    return any(isinstance(m, PackedLinear) for m in model.modules())
+    """Whether ``model`` has layers on packed or bf16-stored weights (i.e. came from :func:`prepare`)."""
+    return any(isinstance(m, FAST_LAYERS) for m in model.modules())
+
+
+def path_name(model: torch.nn.Module) -> str:
+    """What a model from :func:`prepare` runs on, in a few words, for reports."""
+    layers = [m for m in model.modules() if isinstance(m, (*FAST_LAYERS, torch.nn.Linear))]
+    halved = sum(isinstance(m, bf16.Bf16WeightLinear) for m in layers)
+    packed = sum(isinstance(m, PackedLinear) for m in layers)
+    parts = [f"bf16-stored weights ({halved} of {len(layers)} linear layers)"] if halved else []
+    parts += ["prepacked oneDNN weights" + (f" ({packed} of {len(layers)})" if halved else "")] if packed else []
+    parts += ["torch.compile"] if is_compiled(model) else []
+    return " + ".join(parts) or "the eager model"
+
+
+def streamed_weight_bytes(model: torch.nn.Module) -> float:
+    """Weight bytes one decode step reads: ``roofline.weight_bytes(model)``, with each
+    bf16-stored layer's half-size copy in place of its fp32 weight."""
+    from .roofline import weight_bytes
+
+    total = weight_bytes(model)
+    for layer in model.modules():
+        if isinstance(layer, bf16.Bf16WeightLinear):
+            total -= layer.weight.numel() * layer.weight.element_size()
+            total += layer.packed.numel() * layer.packed.element_size()
+    return total
 
 
 @torch.inference_mode()
@@ -232,9 +271,6 @@ def compile_available(model: torch.nn.Module | None = None) -> tuple[bool, str]:
     return True, f"torch.compile (inductor) can build with {compiler}"
 
 
-# What each kind of fast path is called in benchmark summaries.
-PATH_NAMES = {False: "prepacked oneDNN weights", True: "torch.compile"}
-
 # Compiled graphs are cached per Python function, and every Llama's forward is the same
 # function: a target, its draft and their pass kinds (prefill, one token, k + 1 tokens) need
 # more entries than torch's default of 8, past which it silently runs the rest uncompiled.
@@ -271,8 +307,8 @@ def _compiled(model: torch.nn.Module) -> torch.nn.Module:
 
     Dynamic shapes: one graph serves every cache length and every number of new tokens
     above one (the prefill, the k + 1 tokens of a verification), so a run compiles a few
-    graphs once instead of one per length. Weights stay on the default kernel: the packed
-    oneDNN tensors are opaque to the compiler. Raises torch's recompile limit to
+    graphs once instead of one per length. bf16-stored layers stay one opaque call each in
+    the graph. Raises torch's recompile limit to
     :data:`RECOMPILE_LIMIT` (a process-wide setting).
     """
     import torch._dynamo
@@ -289,13 +325,41 @@ def is_compiled(model: torch.nn.Module) -> bool:
     return getattr(model, "_specdec_compiled", False)
 
 
-@torch.no_grad()
-def prepare(model: torch.nn.Module, only_if_faster: bool = False, compile: bool = False) -> torch.nn.Module:
-    """The fast version of ``model``: a copy sharing its weights, linear layers packed for oneDNN.
+def _bf16_layers(model: torch.nn.Module) -> tuple[list, str]:
+    """The (parent, name, layer) of every ``nn.Linear`` that :mod:`bf16_weights` can serve
+    (bf16-exact float32 weights of a shape its blocking covers), and why there are none."""
+    ok, reason = bf16.available()
+    if not ok:
+        return [], reason
+    chosen = [(parent, name, layer) for parent, name, layer in _linear_layers(model)
+              if isinstance(layer, torch.nn.Linear) and layer.weight.device.type == "cpu"
+              and bf16.fits(*layer.weight.shape) and bf16.is_bf16_exact(layer.weight)]
+    return chosen, "" if chosen else "no linear layer holds bfloat16-exact float32 weights"
 
-    The original model is left as it was (both can be used side by side; the packed copies
-    add one weight-sized buffer per layer). Every packed layer is checked against the eager
-    one (:func:`check_layer`) before use. Where the path does not apply, a one-line
+
+def _replace(model: torch.nn.Module, layers: list, make) -> str | None:
+    """Swap each (parent, name, layer) for ``make(layer)`` after :func:`check_layer`; a problem stops it."""
+    for parent, name, layer in layers:
+        fast_layer = make(layer)
+        problem = check_layer(layer, fast_layer)
+        if problem:
+            return problem
+        setattr(parent, name, fast_layer)
+    return None
+
+
+@torch.no_grad()
+def prepare(model: torch.nn.Module, only_if_faster: bool = False, compile: bool = False,
+            bf16_weights: bool = True) -> torch.nn.Module:
+    """The fast version of ``model``: a copy sharing its weights, its linear layers on faster kernels.
+
+    With ``bf16_weights=True`` (the default), every linear layer whose fp32 weight holds
+    bfloat16 values (the course zoo's) reads a bfloat16 copy (:mod:`specdec_ref.bf16_weights`):
+    the same arithmetic on half the bytes. The other layers are prepacked for oneDNN.
+
+    The original model is left as it was (both can be used side by side; each replaced layer
+    adds a copy of its weight, half-size for bf16). Every replaced layer is checked against
+    the eager one (:func:`check_layer`) before use. Where the path does not apply, a one-line
     :class:`FastPathWarning` says why and ``model`` itself is returned, so callers can use
     the result unconditionally. A model already prepared is returned as it is.
 
@@ -303,43 +367,41 @@ def prepare(model: torch.nn.Module, only_if_faster: bool = False, compile: bool 
     already streams weights well (an Intel Xeon with AMX measured 0.78x), packing slows
     decoding down. ``only_if_faster=True`` times a decode step both ways
     (:func:`decode_step_speedup`, about a second for the course target) and returns ``model``
-    itself, with a one-line :class:`FastPathWarning` giving the ratio, unless packing wins.
+    itself, with a one-line :class:`FastPathWarning` giving the ratio, unless the fast copy wins.
 
-    ``compile=True`` compiles the model with ``torch.compile`` instead of packing its
-    weights: operators fused into C++ loops, most of the Python and ``transformers`` glue
-    of a decode step gone (on a 2-core Xeon the course target decoded 1.5x faster). The
-    compilation itself runs on the first calls, once per new kind of input (prefill, one
-    token, k + 1 tokens): about 45 s for the course pair on 2 cores, a few minutes the first
-    time (before torch's on-disk kernel cache is warm), which ``bench --fast --compile``
-    reports. Fused operators round differently in the last bits, like packing: greedy
-    output is identical except at near-ties, which the bench counts.
+    ``compile=True`` also compiles the model with ``torch.compile`` (layers that are not
+    bf16-stored stay on the default kernel: packed oneDNN tensors are opaque to the
+    compiler): operators fused into C++ loops, most of the Python and ``transformers`` glue
+    of a decode step gone. The compilation itself runs on the first calls, once per new kind
+    of input (prefill, one token, k + 1 tokens): about 45 s for the course pair on 2 cores, a
+    few minutes the first time (before torch's on-disk kernel cache is warm), which
+    ``bench --fast --compile`` reports. Every fast kernel sums in another order and so rounds
+    differently in the last bits: greedy output is identical except at near-ties, which the
+    bench counts.
     """
     if is_fast(model) or is_compiled(model):
         return model
-    if compile:
-        ok, reason = compile_available(model)
-        if not ok:
-            warnings.warn(f"specdec_ref.fast: {reason}; using the eager model", FastPathWarning, stacklevel=2)
-            return model
-        return _compiled(model)
-    ok, reason = available(model)
+    ok, reason = (compile_available if compile else available)(model)
     if not ok:
         warnings.warn(f"specdec_ref.fast: {reason}; using the eager model", FastPathWarning, stacklevel=2)
         return model
     fast_model = _copy_sharing_weights(model)
-    for parent, name, layer in list(_linear_layers(fast_model)):
-        packed = PackedLinear.from_layer(layer)
-        problem = check_layer(layer, packed)
-        if problem:
-            warnings.warn(f"specdec_ref.fast: {problem} (torch {TORCH_VERSION}); using the eager model",
-                          FastPathWarning, stacklevel=2)
-            return model
-        setattr(parent, name, packed)
+    halved = _bf16_layers(fast_model)[0] if bf16_weights else []
+    problem = _replace(fast_model, halved, lambda layer: bf16.Bf16WeightLinear(layer.weight, layer.bias))
+    if not problem and not compile:
+        rest = [entry for entry in _linear_layers(fast_model) if not isinstance(entry[2], FAST_LAYERS)]
+        problem = _replace(fast_model, rest, PackedLinear.from_layer)
+    if problem:
+        warnings.warn(f"specdec_ref.fast: {problem} (torch {TORCH_VERSION}); using the eager model",
+                      FastPathWarning, stacklevel=2)
+        return model
+    if compile:
+        fast_model = _compiled(fast_model)
     if only_if_faster:
         speedup = decode_step_speedup(model, fast_model)
         if speedup <= 1.0:
-            warnings.warn(f"specdec_ref.fast: a decode step on prepacked weights ran at {speedup:.2f}x the default "
-                          "kernel's speed on this machine; using the eager model", FastPathWarning, stacklevel=2)
+            warnings.warn(f"specdec_ref.fast: a decode step on {path_name(fast_model)} ran at {speedup:.2f}x the "
+                          "eager model's speed on this machine; using the eager model", FastPathWarning, stacklevel=2)
             return model
     return fast_model
 
