@@ -42,7 +42,7 @@ the switch, and the measuring tools lesson 2 uses to show why it helps:
 - :func:`streamed_weight_bytes` ``(model) -> float``: the weight bytes one decode step reads.
 - :func:`profile_decode_step` ``(model, context=128, repeats=5) -> dict``: where one
   decode step's time goes (linear layers, attention, other ops, outside any op).
-- :func:`matmul_bandwidth` ``(out_features, in_features, fast=False, tokens=1) -> dict``:
+- :func:`matmul_bandwidth` ``(out_features, in_features, fast=False, tokens=1, bf16_weights=False) -> dict``:
   the weight bandwidth one linear kernel achieves, streaming from DRAM like a decode step.
 
 Exactness: fp32 sums in another order round differently in the last bits, so logits are
@@ -473,23 +473,26 @@ def profile_decode_step(model: torch.nn.Module, context: int = 128, repeats: int
 
 @torch.inference_mode()
 def matmul_bandwidth(out_features: int, in_features: int, fast: bool = False, tokens: int = 1,
-                     repeats: int = 5, seed: int = 0) -> dict[str, float]:
-    """The weight bandwidth one fp32 linear kernel achieves on ``tokens`` input rows.
+                     repeats: int = 5, seed: int = 0, bf16_weights: bool = False) -> dict[str, float]:
+    """The weight bandwidth one linear kernel achieves on ``tokens`` input rows.
 
     ``fast=False`` times ``nn.Linear`` (PyTorch's default CPU kernel), ``fast=True`` the
-    prepacked oneDNN kernel of :func:`prepare` (raises ``RuntimeError`` where it is not
-    available). Like a decode step, which streams weights far larger than the cache, the
-    calls cycle through enough copies of the weight to overflow the last-level cache, so
-    the figure is DRAM bandwidth, not cache bandwidth.
+    prepacked oneDNN kernel of :func:`prepare`, ``bf16_weights=True`` the bf16-stored kernel
+    (:mod:`specdec_ref.bf16_weights`, on bf16-valued weights; it reads 2 bytes per weight).
+    Either raises ``RuntimeError`` where it is not available. Like a decode step, which
+    streams weights far larger than the cache, the calls cycle through enough copies of the
+    weight to overflow the last-level cache, so the figure is DRAM bandwidth, not cache
+    bandwidth.
 
-    Returns ``seconds`` (median per call), ``bytes_per_second`` (weight bytes / seconds),
-    ``weight_bytes`` and ``copies`` (distinct weights cycled through).
+    Returns ``seconds`` (median per call), ``bytes_per_second`` (weight bytes read / seconds),
+    ``weight_bytes`` (as the kernel reads them) and ``copies`` (distinct weights cycled through).
     """
-    if fast:
-        ok, reason = available()
-        if not ok:
-            raise RuntimeError(f"the fast path is not available: {reason}")
-    weight_bytes = out_features * in_features * 4
+    if fast and bf16_weights:
+        raise ValueError("choose one kernel: fast=True (prepacked) or bf16_weights=True")
+    ok, reason = bf16.available() if bf16_weights else available() if fast else (True, "")
+    if not ok:
+        raise RuntimeError(f"the {'bf16-weight kernel' if bf16_weights else 'fast path'} is not available: {reason}")
+    weight_bytes = out_features * in_features * (2 if bf16_weights else 4)
     llc = last_level_cache_bytes() or 32 * 2**20
     copies = max(1, math.ceil(2 * llc / weight_bytes))
     generator = torch.Generator().manual_seed(seed)
@@ -497,7 +500,12 @@ def matmul_bandwidth(out_features: int, in_features: int, fast: bool = False, to
     for _ in range(copies):
         layer = torch.nn.Linear(in_features, out_features, bias=False)
         layer.weight.copy_(torch.randn(out_features, in_features, generator=generator))
-        layers.append(PackedLinear.from_layer(layer) if fast else layer)
+        if bf16_weights:
+            layer.weight.copy_(layer.weight.to(torch.bfloat16).float())  # bf16 values, like the zoo's
+            layer = bf16.Bf16WeightLinear(layer.weight, None)
+        elif fast:
+            layer = PackedLinear.from_layer(layer)
+        layers.append(layer)
     x = torch.randn(1, tokens, in_features, generator=generator)
     rounds = max(1, math.ceil(50 / copies))  # at least ~50 calls per timing
     times = []

@@ -171,6 +171,8 @@ def test_old_torch_is_refused(monkeypatch):
         assert fast.prepare(model) is model
     with pytest.raises(RuntimeError, match="not available"):
         fast.matmul_bandwidth(64, 64, fast=True)
+    with pytest.raises(ValueError, match="choose one kernel"):
+        fast.matmul_bandwidth(64, 64, fast=True, bf16_weights=True)
 
 
 def test_a_missing_private_op_is_refused(monkeypatch):
@@ -205,10 +207,10 @@ def test_profile_decode_step_accounts_for_the_step(zoo_models):
         assert sum(profile[p] for p in parts) == pytest.approx(profile["total"], rel=0.05)
 
 
-@pytest.mark.parametrize("use_fast", [False, True])
-def test_matmul_bandwidth_reports_weight_bytes_over_time(use_fast):
-    result = fast.matmul_bandwidth(256, 512, fast=use_fast, repeats=2)
-    assert result["weight_bytes"] == 256 * 512 * 4
+@pytest.mark.parametrize("use_fast, halve, bytes_per_weight", [(False, False, 4), (True, False, 4), (False, True, 2)])
+def test_matmul_bandwidth_reports_weight_bytes_over_time(use_fast, halve, bytes_per_weight):
+    result = fast.matmul_bandwidth(256, 512, fast=use_fast, repeats=2, bf16_weights=halve)
+    assert result["weight_bytes"] == 256 * 512 * bytes_per_weight
     assert result["bytes_per_second"] == pytest.approx(result["weight_bytes"] / result["seconds"])
     assert result["copies"] * result["weight_bytes"] >= 2 * (fast.last_level_cache_bytes() or 32 * 2**20)
 
