@@ -134,8 +134,9 @@ def load(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
          zoo_dir: Path = ZOO_DIR, fast: bool = False) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``(model, tokenizer)`` in eval mode. Zoo weights are stored in bfloat16 and
     upcast to ``dtype`` (float32 by default: bf16 matmuls are slow on most CPUs).
-    ``fast=True`` returns ``specdec_ref.fast.prepare(model)``: linear weights prepacked
-    for oneDNN on a CPU (it warns and returns the eager model where that does not apply)."""
+    ``fast=True`` returns ``specdec_ref.fast.prepare(model)``: on a CPU, the bf16-valued
+    linear weights read as bfloat16, the others prepacked for oneDNN (it warns and returns
+    the eager model where that does not apply)."""
     path = resolve(name, zoo_dir)
     if _shipped(name):
         verify(path, zoo_dir)

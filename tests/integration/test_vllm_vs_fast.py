@@ -1,6 +1,6 @@
 """vLLM's CPU server beside the reference's fast path (benchmarks/vllm_vs_fast.py), same pair and prompts.
 
-The fast reference here is the prepacked one: compiling it (``--compile``) took four more
+The fast reference here is not compiled (bf16-stored weights on the zoo pair): compiling it (``--compile``) took four more
 minutes of CI from a cold torch.compile cache, and the compiled path has its own tests in
 tests/test_fast.py. Greedy identity is asserted; tokens/s are reported in the terminal
 summary, not asserted. Two server starts (plain and draft-model speculation): about three
