@@ -67,7 +67,8 @@ def _operator() -> tuple[bool, str]:
     """Build (once per source, compiler, torch and CPU) and load the operator: (ok, why not)."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return False, f"the kernel is written for x86-64 Linux, not {platform.system()} {platform.machine()}"
-    if "avx512f" not in _cpu_flags():
+    cpu_flags = _cpu_flags()
+    if "avx512f" not in cpu_flags:
         return False, "this CPU has no AVX-512, which the kernel is written for"
     compiler = _compiler()
     if compiler is None:
@@ -75,7 +76,7 @@ def _operator() -> tuple[bool, str]:
     from .zoo.smollm2 import cache_root
 
     key = hashlib.sha256("\n".join([SOURCE.read_text(), compiler, torch.__version__, *FLAGS,
-                                    *sorted(_cpu_flags())]).encode()).hexdigest()[:16]
+                                    *sorted(cpu_flags)]).encode()).hexdigest()[:16]
     built = cache_root() / "kernels" / f"bf16_weights-{key}.so"
     if not built.exists():
         built.parent.mkdir(parents=True, exist_ok=True)

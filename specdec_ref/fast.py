@@ -66,7 +66,7 @@ import torch
 
 from . import bf16_weights as bf16
 from .kv_cache import new_cache, rollback
-from .roofline import last_level_cache_bytes
+from .roofline import last_level_cache_bytes, weight_bytes
 from .timing import time_paired
 
 # The private oneDNN ops this path calls; checked by name before use.
@@ -219,8 +219,6 @@ def path_name(model: torch.nn.Module) -> str:
 def streamed_weight_bytes(model: torch.nn.Module) -> float:
     """Weight bytes one decode step reads: ``roofline.weight_bytes(model)``, with each
     bf16-stored layer's half-size copy in place of its fp32 weight."""
-    from .roofline import weight_bytes
-
     total = weight_bytes(model)
     for layer in model.modules():
         if isinstance(layer, bf16.Bf16WeightLinear):
@@ -325,16 +323,14 @@ def is_compiled(model: torch.nn.Module) -> bool:
     return getattr(model, "_specdec_compiled", False)
 
 
-def _bf16_layers(model: torch.nn.Module) -> tuple[list, str]:
+def _bf16_layers(model: torch.nn.Module) -> list:
     """The (parent, name, layer) of every ``nn.Linear`` that :mod:`bf16_weights` can serve
-    (bf16-exact float32 weights of a shape its blocking covers), and why there are none."""
-    ok, reason = bf16.available()
-    if not ok:
-        return [], reason
-    chosen = [(parent, name, layer) for parent, name, layer in _linear_layers(model)
-              if isinstance(layer, torch.nn.Linear) and layer.weight.device.type == "cpu"
-              and bf16.fits(*layer.weight.shape) and bf16.is_bf16_exact(layer.weight)]
-    return chosen, "" if chosen else "no linear layer holds bfloat16-exact float32 weights"
+    here (bf16-exact float32 weights of a shape its blocking covers)."""
+    if not bf16.available()[0]:
+        return []
+    return [(parent, name, layer) for parent, name, layer in _linear_layers(model)
+            if isinstance(layer, torch.nn.Linear) and bf16.fits(*layer.weight.shape)
+            and bf16.is_bf16_exact(layer.weight)]
 
 
 def _replace(model: torch.nn.Module, layers: list, make) -> str | None:
@@ -386,7 +382,7 @@ def prepare(model: torch.nn.Module, only_if_faster: bool = False, compile: bool 
         warnings.warn(f"specdec_ref.fast: {reason}; using the eager model", FastPathWarning, stacklevel=2)
         return model
     fast_model = _copy_sharing_weights(model)
-    halved = _bf16_layers(fast_model)[0] if bf16_weights else []
+    halved = _bf16_layers(fast_model) if bf16_weights else []
     problem = _replace(fast_model, halved, lambda layer: bf16.Bf16WeightLinear(layer.weight, layer.bias))
     if not problem and not compile:
         rest = [entry for entry in _linear_layers(fast_model) if not isinstance(entry[2], FAST_LAYERS)]

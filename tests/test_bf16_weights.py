@@ -12,6 +12,9 @@ from specdec_ref import autoregressive_generate, bf16_weights, fast, speculative
 from specdec_ref.roofline import weight_bytes
 
 AVX512 = "avx512f" in bf16_weights._cpu_flags()
+# Without AVX-512 the kernel cannot be built or run: there, the tests of the fallback
+# (availability's reason, prepare packing instead) are what applies.
+needs_avx512 = pytest.mark.skipif(not AVX512, reason="the kernel is AVX-512 code; this CPU has none")
 
 
 def rounding_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -41,9 +44,8 @@ def test_unavailable_without_avx512_or_a_compiler_says_why(monkeypatch):
     assert not ok and "no C++ compiler" in reason
 
 
+@needs_avx512
 def test_a_failed_build_reports_the_compiler_error(monkeypatch, tmp_path):
-    if not AVX512:
-        pytest.skip("the build is attempted only on an AVX-512 CPU")
     broken = tmp_path / "broken.cpp"
     broken.write_text("this is not C++\n")
     monkeypatch.setattr(bf16_weights, "SOURCE", broken)
@@ -79,7 +81,7 @@ def test_pack_layout():
                 assert torch.equal(packed[start:start + 16], bits[4 * b + r, 16 * t:16 * t + 16])
 
 
-@pytest.mark.skipif(not AVX512, reason="the kernel needs AVX-512")
+@needs_avx512
 @pytest.mark.parametrize("shape", [(4, 16), (64, 48), (1376, 512), (512, 1376)])
 def test_kernel_matches_fp32_linear_for_every_row_count(shape):
     weight = bf16_valued(*shape)
@@ -95,14 +97,14 @@ def test_kernel_matches_fp32_linear_for_every_row_count(shape):
         assert not torch.equal(got, torch.zeros_like(got))
 
 
-@pytest.mark.skipif(not AVX512, reason="the kernel needs AVX-512")
+@needs_avx512
 def test_kernel_refuses_a_packing_it_does_not_cover():
     weight = bf16_valued(8, 32)
     with pytest.raises(RuntimeError, match="a packed weight of a shape the kernel covers"):
         torch.ops.specdec.bf16_weights_linear(torch.randn(1, 32), bf16_weights.pack(weight)[:-16], weight)
 
 
-@pytest.mark.skipif(not AVX512, reason="the kernel needs AVX-512")
+@needs_avx512
 def test_layer_with_bias_and_non_contiguous_input():
     linear = torch.nn.Linear(64, 40)
     with torch.no_grad():
@@ -115,7 +117,7 @@ def test_layer_with_bias_and_non_contiguous_input():
     assert layer.weight is linear.weight and "packed" not in layer.state_dict()
 
 
-@pytest.mark.skipif(not AVX512, reason="the kernel needs AVX-512")
+@needs_avx512
 def test_prepare_reads_zoo_weights_as_bf16_and_counts_half_the_bytes():
     target, _ = zoo.load("zoo:target")
     quick = fast.prepare(target)
@@ -152,7 +154,7 @@ def bf16_rounded(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-@pytest.mark.skipif(not AVX512, reason="the kernel needs AVX-512")
+@needs_avx512
 @pytest.mark.parametrize("family", ["llama", "gpt2", "qwen2"])
 def test_bf16_valued_random_families_decode_exactly(family):
     """Any family whose weights are bf16 values: greedy output identical, baseline and speculative.
