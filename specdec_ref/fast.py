@@ -17,6 +17,11 @@ registers: the same numbers and fp32 arithmetic, half the bytes, so half the roo
 :func:`prepare` uses it for every layer it can (``bf16_weights=True``, the default) and
 prepacks the rest; :func:`streamed_weight_bytes` counts what a step then reads.
 
+A fast model's loops also get preallocated KV caches (:func:`kv_cache_capacity` positions,
+:class:`~specdec_ref.kv_cache.PreallocatedLayer`): a ``DynamicCache`` copies the whole cache
+at every step to append one token, these write only the new positions, and a rollback
+costs nothing.
+
 The same switch can compile as well (``prepare(model, compile=True)``): ``torch.compile``
 fuses the small operators around the matmuls and removes most of the Python glue, the
 fixed cost that :func:`profile_decode_step` shows is a large share of a small model's step.
@@ -40,6 +45,7 @@ the switch, and the measuring tools lesson 2 uses to show why it helps:
 - :func:`is_fast` ``(model) -> bool``: whether a model runs on packed or bf16-stored weights;
   :func:`path_name` ``(model) -> str`` says which, for reports.
 - :func:`streamed_weight_bytes` ``(model) -> float``: the weight bytes one decode step reads.
+- :func:`kv_cache_capacity` ``(model) -> int``: the positions a fast model's caches preallocate.
 - :func:`profile_decode_step` ``(model, context=128, repeats=5) -> dict``: where one
   decode step's time goes (linear layers, attention, other ops, outside any op).
 - :func:`matmul_bandwidth` ``(out_features, in_features, fast=False, tokens=1, bf16_weights=False) -> dict``:
@@ -65,7 +71,7 @@ from itertools import chain
 import torch
 
 from . import bf16_weights as bf16
-from .kv_cache import new_cache, rollback
+from .kv_cache import CAPACITY_ATTRIBUTE, PreallocatedLayer, new_cache, rollback
 from .roofline import last_level_cache_bytes, weight_bytes
 from .timing import time_paired
 
@@ -281,8 +287,10 @@ class _CompiledForward:
     Each compiled graph is guarded by its inputs' properties; two properties that the loops
     vary without meaning anything would recompile again and again: whether a tensor was
     made under inference mode, and the strides of cache tensors that a rollback left as
-    views of longer ones. Cloning the ids under inference mode and making such cache tensors
-    contiguous (a copy only after a rollback) fixes both.
+    views of longer ones. Cloning the ids under inference mode fixes the first. The caches
+    the loops make for a fast model (:class:`~specdec_ref.kv_cache.PreallocatedLayer`) keep
+    their strides; a plain ``DynamicCache`` passed in has such tensors made contiguous (a
+    copy only after a rollback).
     """
 
     def __init__(self, forward) -> None:
@@ -293,6 +301,8 @@ class _CompiledForward:
             if input_ids is not None:
                 input_ids = input_ids.clone()
             for layer in getattr(kwargs.get("past_key_values"), "layers", ()):
+                if isinstance(layer, PreallocatedLayer):
+                    continue
                 for name in ("keys", "values"):
                     tensor = getattr(layer, name, None)
                     if isinstance(tensor, torch.Tensor) and not tensor.is_contiguous():
@@ -316,6 +326,17 @@ def _compiled(model: torch.nn.Module) -> torch.nn.Module:
     compiled.forward = _CompiledForward(compiled.forward)
     compiled._specdec_compiled = True
     return compiled
+
+
+# Buffers are allocated uninitialised, so untouched positions cost address space, not memory.
+MAX_PREALLOCATED = 4096
+
+
+def kv_cache_capacity(model: torch.nn.Module) -> int:
+    """Positions the caches of a fast model preallocate (:func:`specdec_ref.kv_cache.new_cache`):
+    its context length, at most :data:`MAX_PREALLOCATED` (a longer sequence doubles them)."""
+    return min(getattr(model.config, "max_position_embeddings", 0) or MAX_PREALLOCATED, MAX_PREALLOCATED)
+
 
 
 def is_compiled(model: torch.nn.Module) -> bool:
@@ -352,6 +373,7 @@ def prepare(model: torch.nn.Module, only_if_faster: bool = False, compile: bool 
     With ``bf16_weights=True`` (the default), every linear layer whose fp32 weight holds
     bfloat16 values (the course zoo's) reads a bfloat16 copy (:mod:`specdec_ref.bf16_weights`):
     the same arithmetic on half the bytes. The other layers are prepacked for oneDNN.
+    :func:`specdec_ref.kv_cache.new_cache` gives the copy preallocated caches.
 
     The original model is left as it was (both can be used side by side; each replaced layer
     adds a copy of its weight, half-size for bf16). Every replaced layer is checked against
@@ -393,6 +415,7 @@ def prepare(model: torch.nn.Module, only_if_faster: bool = False, compile: bool 
         return model
     if compile:
         fast_model = _compiled(fast_model)
+    setattr(fast_model, CAPACITY_ATTRIBUTE, kv_cache_capacity(fast_model))
     if only_if_faster:
         speedup = decode_step_speedup(model, fast_model)
         if speedup <= 1.0:

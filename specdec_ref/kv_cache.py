@@ -3,11 +3,96 @@ from __future__ import annotations
 
 import torch
 from transformers import Cache, DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+# The attribute a model from ``fast.prepare`` carries: the positions its cache layers preallocate.
+CAPACITY_ATTRIBUTE = "_specdec_kv_capacity"
+
+
+class PreallocatedLayer(DynamicLayer):
+    """One layer's keys and values in buffers allocated once, filled up to ``length``.
+
+    A ``DynamicLayer`` concatenates every new token onto its tensors, copying the whole cache
+    at each step, and a rollback leaves views of longer tensors. Here a step writes only its
+    new positions and a rollback only lowers ``length``; ``keys`` and ``values`` are views of
+    the first ``length`` positions, whose strides never change (what a compiled forward
+    guards on). The buffers double, with one copy, if a sequence outgrows them.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.length = capacity, 0
+        self.key_buffer = self.value_buffer = None
+        self.is_initialized = False
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return None if self.key_buffer is None else self.key_buffer[:, :, : self.length]
+
+    @keys.setter
+    def keys(self, value) -> None:
+        if value is not None:
+            raise AttributeError("a PreallocatedLayer's keys are written by update() only")
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return None if self.value_buffer is None else self.value_buffer[:, :, : self.length]
+
+    @values.setter
+    def values(self, value) -> None:
+        if value is not None:
+            raise AttributeError("a PreallocatedLayer's values are written by update() only")
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        # Positions past `length` are never read, so the buffers need no zeroing.
+        self.key_buffer = key_states.new_empty(*key_states.shape[:2], self.capacity, key_states.shape[-1])
+        self.value_buffer = value_states.new_empty(*value_states.shape[:2], self.capacity, value_states.shape[-1])
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        start, end = self.length, self.length + key_states.shape[-2]
+        if end > self.capacity:
+            self._grow(end)
+        self.key_buffer[:, :, start:end] = key_states
+        self.value_buffer[:, :, start:end] = value_states
+        self.length = end
+        return self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+
+    def _grow(self, needed: int) -> None:
+        while self.capacity < needed:
+            self.capacity *= 2
+        keys, values = self.keys, self.values
+        self.key_buffer = keys.new_empty(*keys.shape[:2], self.capacity, keys.shape[-1])
+        self.value_buffer = values.new_empty(*values.shape[:2], self.capacity, values.shape[-1])
+        self.key_buffer[:, :, : self.length] = keys
+        self.value_buffer[:, :, : self.length] = values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        # Negative: remove that many; positive: the length to keep (transformers' older meaning).
+        keep = self.length + tokens_to_remove if tokens_to_remove <= 0 else min(self.length, tokens_to_remove)
+        self.length = max(0, keep)
+
+    def reset(self) -> None:
+        self.length = 0
 
 
 def new_cache(model: torch.nn.Module) -> DynamicCache:
-    """An empty dynamic cache for ``model`` (layers are filled on the first forward)."""
-    return DynamicCache(config=model.config)
+    """An empty dynamic cache for ``model`` (layers are filled on the first forward).
+
+    A model from ``specdec_ref.fast.prepare`` gets :class:`PreallocatedLayer` s for its
+    full-attention layers: no per-step copy of the cache, and a rollback that costs nothing.
+    """
+    cache = DynamicCache(config=model.config)
+    capacity = getattr(model, CAPACITY_ATTRIBUTE, 0)
+    if capacity:
+        cache.layers = [PreallocatedLayer(capacity) if type(layer) is DynamicLayer else layer
+                        for layer in cache.layers]
+    return cache
 
 
 def rollback(cache: Cache, length: int) -> None:

@@ -13,6 +13,8 @@ import warnings
 import pytest
 import torch
 
+from torch._dynamo.utils import counters
+
 from factories import build, noisy_copy, prompt
 from specdec_ref import autoregressive_generate, bench, fast, speculative_generate, zoo
 from specdec_ref.ngram import PromptLookupDrafter
@@ -120,9 +122,17 @@ def test_compile_shares_the_weights_and_decodes_real_weights_exactly(zoo_models)
     assert fast.path_name(compiled).endswith("torch.compile")  # and bf16-stored where the kernel builds
     assert all(a is b for a, b in zip(compiled.parameters(), draft.parameters()))
     assert fast.prepare(compiled, compile=True) is compiled
-    for text in heldout_prompts(2):
+    graphs = []
+    for text in heldout_prompts(3):
         ids = tokenizer(text, return_tensors="pt").input_ids
-        assert torch.equal(greedy(compiled, ids), greedy(draft, ids))
+        expected = greedy(draft, ids)
+        assert torch.equal(greedy(compiled, ids), expected)
+        # Verifications of every length, then rollbacks: the cache's strides must not change.
+        lookup = speculative_generate(compiled, PromptLookupDrafter(), ids, NEW_TOKENS, 4, eos_token_id=[])
+        assert torch.equal(lookup.sequences, expected)
+        graphs.append(counters["stats"]["unique_graphs"])
+    # The first prompt compiled every kind of pass; other prompt and cache lengths reuse them.
+    assert graphs[0] == graphs[1] == graphs[2]
 
 
 def test_compile_without_a_cxx_compiler_is_a_noop_with_a_message(monkeypatch):

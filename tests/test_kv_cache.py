@@ -1,0 +1,90 @@
+"""specdec_ref.kv_cache: the preallocated cache layers a fast model's loops use, against the dynamic ones."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from factories import build, noisy_copy, prompt
+from specdec_ref import autoregressive_generate, fast, speculative_generate
+from specdec_ref.kv_cache import CAPACITY_ATTRIBUTE, PreallocatedLayer, new_cache, rollback
+from specdec_ref.ngram import PromptLookupDrafter
+
+
+def states(positions: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(1, 2, positions, 8, generator=generator) for _ in range(2))
+
+
+def test_updates_and_crops_match_a_dynamic_layer():
+    preallocated, dynamic = PreallocatedLayer(capacity=16), DynamicLayer()
+    for step, (positions, remove) in enumerate([(5, 0), (3, -2), (1, 0), (4, -4), (2, -1)]):
+        new_keys, new_values = states(positions, seed=step)
+        got = preallocated.update(new_keys, new_values)
+        want = dynamic.update(new_keys, new_values)
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), step
+        preallocated.crop(remove)
+        dynamic.crop(remove)
+        assert preallocated.get_seq_length() == dynamic.get_seq_length()
+        assert torch.equal(preallocated.keys, dynamic.keys) and torch.equal(preallocated.values, dynamic.values)
+        # A rollback changes the length, never the strides a compiled forward guards on.
+        assert preallocated.keys.stride() == preallocated.key_buffer.stride()
+    assert preallocated.key_buffer.shape[-2] == 16
+
+
+def test_a_positive_crop_keeps_that_many_positions():
+    layer = PreallocatedLayer(capacity=8)
+    layer.update(*states(6, seed=0))
+    layer.crop(4)
+    assert layer.get_seq_length() == 4
+    layer.crop(9)
+    assert layer.get_seq_length() == 4
+
+
+def test_outgrowing_the_buffers_doubles_them_and_keeps_the_contents():
+    layer, dynamic = PreallocatedLayer(capacity=4), DynamicLayer()
+    for step in range(3):
+        new = states(3, seed=step)
+        layer.update(*new)
+        dynamic.update(*new)
+    assert layer.capacity == 16 and layer.key_buffer.shape[-2] == 16
+    assert torch.equal(layer.keys, dynamic.keys) and torch.equal(layer.values, dynamic.values)
+
+
+def test_keys_are_written_by_update_only():
+    layer = PreallocatedLayer(capacity=4)
+    layer.update(*states(2, seed=0))
+    with pytest.raises(AttributeError, match="update"):
+        layer.keys = torch.zeros(1, 2, 2, 8)
+    layer.reset()
+    assert layer.get_seq_length() == 0 and layer.keys.shape[-2] == 0
+
+
+def test_only_fast_models_get_preallocated_caches():
+    model = build("llama", hidden=64, layers=2, seed=0, context=256)
+    assert all(type(layer) is DynamicLayer for layer in new_cache(model).layers)
+    quick = fast.prepare(model)
+    layers = new_cache(quick).layers
+    assert len(layers) == 2 and all(isinstance(layer, PreallocatedLayer) for layer in layers)
+    assert {layer.capacity for layer in layers} == {256} == {fast.kv_cache_capacity(quick)}
+    rollback(new_cache(quick), 0)  # an empty cache rolls back to nothing without error
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "qwen2"])
+def test_loops_on_caches_that_outgrow_their_buffers_stay_exact(family):
+    """Every loop on a fast model whose caches start at 8 positions and double three times
+    during the generation (rollbacks across the doublings included) gives the eager tokens."""
+    target = build(family, hidden=64, layers=2, seed=0)
+    draft = noisy_copy(target, 0.05, seed=1)
+    quick, quick_draft = fast.prepare(target), fast.prepare(draft)
+    for model in (quick, quick_draft):
+        setattr(model, CAPACITY_ATTRIBUTE, 8)
+    ids = prompt(12, seed=3)
+    expected = autoregressive_generate(target, ids, 40, eos_token_id=[]).sequences
+    assert torch.equal(autoregressive_generate(quick, ids, 40, eos_token_id=[]).sequences, expected)
+    runs = {name: speculative_generate(quick, drafter, ids, 40, 3, eos_token_id=[])
+            for name, drafter in (("draft model", quick_draft), ("prompt lookup", PromptLookupDrafter()))}
+    for name, out in runs.items():
+        assert torch.equal(out.sequences, expected), name
+    stats = runs["draft model"].stats
+    assert stats.accepted_tokens > 0 and stats.rejections > 0  # both kinds of rollback ran
