@@ -100,12 +100,14 @@ def draft_autoregressive(
     ``vocab_size`` cuts or pads (with -inf) the logits to that width. ``min_confidence``
     ends the draft after the first token whose draft probability is below it.
     """
-    pending = pending.to(model.device)
     drafts = torch.empty(num_tokens, dtype=torch.long, device=model.device)
     probs = []
+    pending = pending.to(model.device)
     for i in range(num_tokens):
-        logits = fit_vocab(model(pending[None], past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1],
-                           vocab_size)
+        logits = model(pending[None], past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+        if vocab_size is not None and vocab_size != logits.shape[-1]:
+            logits = torch.nn.functional.pad(logits[:vocab_size], (0, max(0, vocab_size - logits.shape[-1])),
+                                             value=float("-inf"))
         if sampler.greedy:
             drafts[i] = logits.argmax()
         else:
@@ -118,12 +120,3 @@ def draft_autoregressive(
                 break
         pending = drafts[i : i + 1]
     return drafts, torch.stack(probs) if probs else None
-
-
-def fit_vocab(logits: torch.Tensor, vocab_size: int | None) -> torch.Tensor:
-    """``logits`` cut or padded (with -inf) to ``vocab_size`` entries in the last dimension
-    (``None``: unchanged): a draft whose embedding is padded to another size than the target's."""
-    if vocab_size is None or vocab_size == logits.shape[-1]:
-        return logits
-    return torch.nn.functional.pad(logits[..., :vocab_size], (0, max(0, vocab_size - logits.shape[-1])),
-                                   value=float("-inf"))

@@ -338,7 +338,6 @@ def kv_cache_capacity(model: torch.nn.Module) -> int:
     return min(getattr(model.config, "max_position_embeddings", 0) or MAX_PREALLOCATED, MAX_PREALLOCATED)
 
 
-
 def is_compiled(model: torch.nn.Module) -> bool:
     """Whether ``model`` came from :func:`prepare` ``(..., compile=True)``."""
     return getattr(model, "_specdec_compiled", False)
