@@ -9,6 +9,18 @@ from transformers.cache_utils import DynamicLayer
 CAPACITY_ATTRIBUTE = "_specdec_kv_capacity"
 
 
+def _filled(buffer_name: str) -> property:
+    """The first ``length`` positions of a layer's buffer ``buffer_name``, as a view; written by update() only."""
+    def view(layer: PreallocatedLayer) -> torch.Tensor | None:
+        buffer = getattr(layer, buffer_name)
+        return None if buffer is None else buffer[:, :, : layer.length]
+
+    def refuse(layer: PreallocatedLayer, value) -> None:
+        if value is not None:
+            raise AttributeError(f"a PreallocatedLayer's {buffer_name} is written by update() only")
+    return property(view, refuse)
+
+
 class PreallocatedLayer(DynamicLayer):
     """One layer's keys and values in buffers allocated once, filled up to ``length``.
 
@@ -16,37 +28,25 @@ class PreallocatedLayer(DynamicLayer):
     at each step, and a rollback leaves views of longer tensors. Here a step writes only its
     new positions and a rollback only lowers ``length``; ``keys`` and ``values`` are views of
     the first ``length`` positions, whose strides never change (what a compiled forward
-    guards on). The buffers double, with one copy, if a sequence outgrows them.
+    guards on). They are derived, not stored: a compiled graph must not receive a view and
+    its buffer as two inputs. The buffers double, with one copy, if a sequence outgrows them.
     """
+
+    keys = _filled("key_buffer")
+    values = _filled("value_buffer")
 
     def __init__(self, capacity: int) -> None:
         self.capacity, self.length = capacity, 0
         self.key_buffer = self.value_buffer = None
         self.is_initialized = False
 
-    @property
-    def keys(self) -> torch.Tensor | None:
-        return None if self.key_buffer is None else self.key_buffer[:, :, : self.length]
-
-    @keys.setter
-    def keys(self, value) -> None:
-        if value is not None:
-            raise AttributeError("a PreallocatedLayer's keys are written by update() only")
-
-    @property
-    def values(self) -> torch.Tensor | None:
-        return None if self.value_buffer is None else self.value_buffer[:, :, : self.length]
-
-    @values.setter
-    def values(self, value) -> None:
-        if value is not None:
-            raise AttributeError("a PreallocatedLayer's values are written by update() only")
+    def _allocate(self, like: torch.Tensor) -> torch.Tensor:
+        # Positions past `length` are never read, so the buffers need no zeroing.
+        return like.new_empty(*like.shape[:2], self.capacity, like.shape[-1])
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
-        # Positions past `length` are never read, so the buffers need no zeroing.
-        self.key_buffer = key_states.new_empty(*key_states.shape[:2], self.capacity, key_states.shape[-1])
-        self.value_buffer = value_states.new_empty(*value_states.shape[:2], self.capacity, value_states.shape[-1])
+        self.key_buffer, self.value_buffer = self._allocate(key_states), self._allocate(value_states)
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -58,14 +58,13 @@ class PreallocatedLayer(DynamicLayer):
         self.key_buffer[:, :, start:end] = key_states
         self.value_buffer[:, :, start:end] = value_states
         self.length = end
-        return self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+        return self.keys, self.values
 
     def _grow(self, needed: int) -> None:
         while self.capacity < needed:
             self.capacity *= 2
         keys, values = self.keys, self.values
-        self.key_buffer = keys.new_empty(*keys.shape[:2], self.capacity, keys.shape[-1])
-        self.value_buffer = values.new_empty(*values.shape[:2], self.capacity, values.shape[-1])
+        self.key_buffer, self.value_buffer = self._allocate(keys), self._allocate(values)
         self.key_buffer[:, :, : self.length] = keys
         self.value_buffer[:, :, : self.length] = values
 
