@@ -21,66 +21,82 @@
 #include <vector>
 
 constexpr int ROWS = 4;
+constexpr int TILE = 16;  // columns per packed tile (COLUMNS in bf16_weights.py)
 constexpr int64_t MAX_ROWS = 8;
 constexpr int64_t PREFETCH = 1024;  // elements ahead: the hardware prefetcher alone leaves bandwidth unused
 
-static inline __m512 widen(const uint16_t *bits) {
+// One fp32 vector register and what the kernel does with it: AVX-512 where the CPU has it
+// (-march=native), else AVX2 with FMA (most laptops), which covers a tile in two halves.
+#if defined(__AVX512F__)
+using Vec = __m512;
+constexpr int LANES = 16, REGISTERS = 32;
+static inline Vec zero() { return _mm512_setzero_ps(); }
+static inline Vec load(const float *p) { return _mm512_loadu_ps(p); }
+static inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline float sum(Vec v) { return _mm512_reduce_add_ps(v); }
+static inline Vec widen(const uint16_t *bits) {
     const __m256i halves = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(bits));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+using Vec = __m256;
+constexpr int LANES = 8, REGISTERS = 16;
+static inline Vec zero() { return _mm256_setzero_ps(); }
+static inline Vec load(const float *p) { return _mm256_loadu_ps(p); }
+static inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline float sum(Vec v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+static inline Vec widen(const uint16_t *bits) {
+    const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i *>(bits));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
+}
+#else
+#error "bf16_weights.cpp needs AVX-512, or AVX2 with FMA (bf16_weights.available checks the CPU first)"
+#endif
 
 static inline void prefetch(const uint16_t *tile) {
     _mm_prefetch(reinterpret_cast<const char *>(tile + PREFETCH), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char *>(tile + PREFETCH + 32), _MM_HINT_T0);
 }
 
-// IM (1 to 4) input rows against one block of ROWS weight rows: ROWS x IM accumulators, all
-// in registers (IM is a constant).
-template <int IM>
-static void all_rows(const float *x, const uint16_t *block, float *y, int64_t n, int64_t k) {
-    __m512 acc[ROWS][IM];
-    for (int r = 0; r < ROWS; r++)
-        for (int i = 0; i < IM; i++) acc[r][i] = _mm512_setzero_ps();
-    for (int64_t t = 0; t < k; t += 16) {
-        const uint16_t *tile = block + t * ROWS;
-        prefetch(tile);
-        __m512 xs[IM];
-        for (int i = 0; i < IM; i++) xs[i] = _mm512_loadu_ps(x + i * k + t);
-        for (int r = 0; r < ROWS; r++) {
-            const __m512 w = widen(tile + r * 16);
-            for (int i = 0; i < IM; i++) acc[r][i] = _mm512_fmadd_ps(xs[i], w, acc[r][i]);
-        }
-    }
-    for (int r = 0; r < ROWS; r++)
-        for (int i = 0; i < IM; i++) y[i * n + r] = _mm512_reduce_add_ps(acc[r][i]);
-}
+// Weight rows swept at once for IM input rows: as many as keep the accumulators (rows x IM)
+// within half the registers, leaving the rest for the inputs and the widened weight.
+constexpr int rows_per_sweep(int im) { return ROWS * im <= REGISTERS / 2 ? ROWS : 2 * im <= REGISTERS / 2 ? 2 : 1; }
 
-// IM (5 to 8) input rows: ROWS x IM accumulators would not fit in the 32 registers, so the
-// block is swept twice, two weight rows at a time; the second sweep reads it from the L1
-// cache, and each weight is still widened once.
+// IM (1 to MAX_ROWS) input rows against one block of ROWS weight rows, all accumulators in
+// registers (IM is a constant). Where a block needs several sweeps, the later ones read it
+// from the L1 cache, and each weight is still widened once.
 template <int IM>
-static void two_rows_at_a_time(const float *x, const uint16_t *block, float *y, int64_t n, int64_t k) {
-    for (int r0 = 0; r0 < ROWS; r0 += 2) {
-        __m512 acc[2][IM];
-        for (int r = 0; r < 2; r++)
-            for (int i = 0; i < IM; i++) acc[r][i] = _mm512_setzero_ps();
-        for (int64_t t = 0; t < k; t += 16) {
+static void block_kernel(const float *x, const uint16_t *block, float *y, int64_t n, int64_t k) {
+    constexpr int R = rows_per_sweep(IM);
+    for (int r0 = 0; r0 < ROWS; r0 += R) {
+        Vec acc[R][IM];
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < IM; i++) acc[r][i] = zero();
+        for (int64_t t = 0; t < k; t += TILE) {
             const uint16_t *tile = block + t * ROWS;
             if (r0 == 0) prefetch(tile);
-            for (int r = 0; r < 2; r++) {
-                const __m512 w = widen(tile + (r0 + r) * 16);
-                for (int i = 0; i < IM; i++) acc[r][i] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i * k + t), w, acc[r][i]);
+            for (int h = 0; h < TILE; h += LANES) {
+                Vec xs[IM];
+                for (int i = 0; i < IM; i++) xs[i] = load(x + i * k + t + h);
+                for (int r = 0; r < R; r++) {
+                    const Vec w = widen(tile + (r0 + r) * TILE + h);
+                    for (int i = 0; i < IM; i++) acc[r][i] = fmadd(xs[i], w, acc[r][i]);
+                }
             }
         }
-        for (int r = 0; r < 2; r++)
-            for (int i = 0; i < IM; i++) y[i * n + r0 + r] = _mm512_reduce_add_ps(acc[r][i]);
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < IM; i++) y[i * n + r0 + r] = sum(acc[r][i]);
     }
 }
 
 using BlockKernel = void (*)(const float *, const uint16_t *, float *, int64_t, int64_t);
 static const BlockKernel KERNELS[MAX_ROWS + 1] = {
-    nullptr, all_rows<1>, all_rows<2>, all_rows<3>, all_rows<4>,
-    two_rows_at_a_time<5>, two_rows_at_a_time<6>, two_rows_at_a_time<7>, two_rows_at_a_time<8>};
+    nullptr, block_kernel<1>, block_kernel<2>, block_kernel<3>, block_kernel<4>,
+    block_kernel<5>, block_kernel<6>, block_kernel<7>, block_kernel<8>};
 
 static at::Tensor bf16_weights_linear(const at::Tensor &x, const at::Tensor &packed, const at::Tensor &weight) {
     const int64_t k = x.size(-1), n = weight.size(0), m = x.numel() / k;

@@ -7,7 +7,8 @@ weight is the same number, every product the fp32 model's product, and the sums 
 in another order, as in any other kernel. A one-token decode step, which is bound by weight
 bytes, reads half as many.
 
-``bf16_weights.cpp`` is that kernel (AVX-512, on torch's own threads), a torch operator
+``bf16_weights.cpp`` is that kernel (AVX-512, or AVX2 with FMA where the CPU has no AVX-512, as
+most laptops do; on torch's own threads), a torch operator
 ``torch.ops.specdec.bf16_weights_linear`` built once per machine with the system's C++
 compiler against torch's headers (about 20 s) into the course cache folder. It serves passes
 of up to :data:`MAX_ROWS` tokens (decode steps, verifications); longer ones (a prefill) go to
@@ -30,9 +31,12 @@ import torch
 
 SOURCE = Path(__file__).with_name("bf16_weights.cpp")
 ROWS = 4  # weight rows per packed block (ROWS in the C source)
-COLUMNS = 16  # one AVX-512 register of fp32
+COLUMNS = 16  # columns per packed tile: one AVX-512 register of fp32, two AVX2 ones
 MAX_ROWS = 8  # longest pass the kernel serves (MAX_ROWS in the C++ source); prefills read the fp32 weight
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC")  # -fopenmp: at::parallel_for runs on threads only with it
+# SPECDEC_BF16_KERNEL=avx2 builds the AVX2 kernel on a CPU with AVX-512 too: to compare the two,
+# and so that the tests check the AVX2 code on any machine that can run it.
+KERNEL_VARIANTS = {"native": (), "avx2": ("-mno-avx512f",)}
 
 
 def _cpu_flags() -> set[str]:
@@ -45,15 +49,25 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def has_vector_units(cpu_flags: set[str]) -> bool:
+    """Whether a CPU with these ``/proc/cpuinfo`` flags can run the kernel: AVX-512, or AVX2 and FMA."""
+    return "avx512f" in cpu_flags or {"avx2", "fma"} <= cpu_flags
+
+
 def _compiler() -> str | None:
     return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+
+
+def _variant_flags() -> tuple[str, ...] | None:
+    """The compiler flags that select the kernel variant ``SPECDEC_BF16_KERNEL`` asks for (None: unknown)."""
+    return KERNEL_VARIANTS.get(os.environ.get("SPECDEC_BF16_KERNEL") or "native")
 
 
 def _build_command(compiler: str, target: Path) -> list[str]:
     from torch.utils.cpp_extension import include_paths, library_paths
 
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
-    return [compiler, *FLAGS, abi, *(f"-I{path}" for path in include_paths()), str(SOURCE),
+    return [compiler, *FLAGS, *_variant_flags(), abi, *(f"-I{path}" for path in include_paths()), str(SOURCE),
             *(f"-L{path}" for path in library_paths()), "-lc10", "-ltorch_cpu", "-o", str(target)]
 
 
@@ -68,14 +82,18 @@ def _operator() -> tuple[bool, str]:
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return False, f"the kernel is written for x86-64 Linux, not {platform.system()} {platform.machine()}"
     cpu_flags = _cpu_flags()
-    if "avx512f" not in cpu_flags:
-        return False, "this CPU has no AVX-512, which the kernel is written for"
+    if not has_vector_units(cpu_flags):
+        return False, "this CPU has neither AVX-512 nor AVX2 with FMA, which the kernel is written for"
     compiler = _compiler()
     if compiler is None:
         return False, "no C++ compiler (c++, g++ or clang++) on PATH to build the kernel"
     from .zoo.smollm2 import cache_root
 
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), compiler, torch.__version__, *FLAGS,
+    variant = _variant_flags()
+    if variant is None:
+        return False, (f"SPECDEC_BF16_KERNEL={os.environ['SPECDEC_BF16_KERNEL']!r} is not a kernel variant "
+                       f"(choose from {', '.join(KERNEL_VARIANTS)})")
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), compiler, torch.__version__, *FLAGS, *variant,
                                     *sorted(cpu_flags)]).encode()).hexdigest()[:16]
     built = cache_root() / "kernels" / f"bf16_weights-{key}.so"
     if not built.exists():
@@ -89,7 +107,8 @@ def _operator() -> tuple[bool, str]:
             os.replace(target, built)  # atomic: a concurrent build never sees half a file
     torch.ops.load_library(str(built))
     torch.library.register_fake("specdec::bf16_weights_linear")(_output_shape)
-    return True, f"the bf16-weight kernel is built ({built.name})"
+    isa = "AVX-512" if "avx512f" in cpu_flags and not variant else "AVX2"
+    return True, f"the bf16-weight kernel is built ({isa}, {built.name})"
 
 
 def available() -> tuple[bool, str]:

@@ -4,6 +4,11 @@ Speed is measured by ``python -m specdec_ref bench --fast``, never asserted here
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -11,10 +16,11 @@ from factories import build, noisy_copy, prompt
 from specdec_ref import autoregressive_generate, bf16_weights, fast, speculative_generate, zoo
 from specdec_ref.roofline import weight_bytes
 
-AVX512 = "avx512f" in bf16_weights._cpu_flags()
-# Without AVX-512 the kernel cannot be built or run: there, the tests of the fallback
+CPU_FLAGS = bf16_weights._cpu_flags()
+VECTOR_UNITS = bf16_weights.has_vector_units(CPU_FLAGS)
+# Without AVX-512 or AVX2 the kernel cannot be built or run: there, the tests of the fallback
 # (availability's reason, prepare packing instead) are what applies.
-needs_avx512 = pytest.mark.skipif(not AVX512, reason="the kernel is AVX-512 code; this CPU has none")
+needs_kernel = pytest.mark.skipif(not VECTOR_UNITS, reason="the kernel is AVX-512 or AVX2 code; this CPU has neither")
 
 
 def rounding_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -27,24 +33,34 @@ def bf16_valued(out_features: int, in_features: int, seed: int = 0) -> torch.Ten
     return torch.randn(out_features, in_features, generator=generator).to(torch.bfloat16).float()
 
 
-def test_available_exactly_where_the_cpu_has_avx512():
+def test_available_exactly_where_the_cpu_has_the_vector_units():
     ok, reason = bf16_weights.available()
-    assert ok == AVX512, reason
-    assert ("kernel is built" in reason) if ok else ("AVX-512" in reason)
+    assert ok == VECTOR_UNITS, reason
+    isa = "AVX-512" if "avx512f" in CPU_FLAGS else "AVX2"
+    assert (f"kernel is built ({isa}, " in reason) if ok else ("AVX2" in reason)
 
 
-def test_unavailable_without_avx512_or_a_compiler_says_why(monkeypatch):
+def test_vector_units():
+    assert bf16_weights.has_vector_units({"avx512f"}) and bf16_weights.has_vector_units({"avx2", "fma", "sse2"})
+    assert not bf16_weights.has_vector_units({"avx2"}) and not bf16_weights.has_vector_units({"avx", "fma"})
+
+
+def test_unavailable_without_vector_units_or_a_compiler_or_with_an_unknown_variant_says_why(monkeypatch):
     build_uncached = bf16_weights._operator.__wrapped__
-    monkeypatch.setattr(bf16_weights, "_cpu_flags", lambda: {"sse2"})
-    assert build_uncached() == (False, "this CPU has no AVX-512, which the kernel is written for")
-    monkeypatch.setattr(bf16_weights, "_cpu_flags", lambda: {"avx512f"})
+    monkeypatch.setattr(bf16_weights, "_cpu_flags", lambda: {"sse2", "avx"})
+    assert build_uncached() == (False, "this CPU has neither AVX-512 nor AVX2 with FMA, which the kernel is written for")
+    monkeypatch.setattr(bf16_weights, "_cpu_flags", lambda: {"avx2", "fma"})
+    monkeypatch.setenv("SPECDEC_BF16_KERNEL", "avx10")
+    ok, reason = build_uncached()
+    assert not ok and "SPECDEC_BF16_KERNEL='avx10' is not a kernel variant (choose from native, avx2)" in reason
+    monkeypatch.delenv("SPECDEC_BF16_KERNEL")
     monkeypatch.setenv("PATH", "")
     monkeypatch.delenv("CXX", raising=False)
     ok, reason = build_uncached()
     assert not ok and "no C++ compiler" in reason
 
 
-@needs_avx512
+@needs_kernel
 def test_a_failed_build_reports_the_compiler_error(monkeypatch, tmp_path):
     broken = tmp_path / "broken.cpp"
     broken.write_text("this is not C++\n")
@@ -81,9 +97,11 @@ def test_pack_layout():
                 assert torch.equal(packed[start:start + 16], bits[4 * b + r, 16 * t:16 * t + 16])
 
 
-@needs_avx512
-@pytest.mark.parametrize("shape", [(4, 16), (64, 48), (1376, 512), (512, 1376)])
-def test_kernel_matches_fp32_linear_for_every_row_count(shape):
+KERNEL_SHAPES = [(4, 16), (64, 48), (1376, 512), (512, 1376)]
+
+
+def assert_kernel_matches_fp32_linear(shape: tuple[int, int]) -> None:
+    """The loaded kernel against PyTorch's fp32 linear, for every row count it serves and longer passes."""
     weight = bf16_valued(*shape)
     packed = bf16_weights.pack(weight)
     generator = torch.Generator().manual_seed(1)
@@ -97,14 +115,33 @@ def test_kernel_matches_fp32_linear_for_every_row_count(shape):
         assert not torch.equal(got, torch.zeros_like(got))
 
 
-@needs_avx512
+@needs_kernel
+@pytest.mark.parametrize("shape", KERNEL_SHAPES)
+def test_kernel_matches_fp32_linear_for_every_row_count(shape):
+    assert_kernel_matches_fp32_linear(shape)
+
+
+@needs_kernel
+def test_the_avx2_variant_matches_fp32_linear_too():
+    """The AVX2 code, built on purpose (on an AVX-512 CPU the default build never runs it), in a
+    fresh process: one process can load only one build of the operator."""
+    check = ("import sys; sys.path.insert(0, sys.argv[1]); import test_bf16_weights as t\n"
+             "ok, reason = t.bf16_weights.available(); print(reason); assert ok\n"
+             "for shape in t.KERNEL_SHAPES: t.assert_kernel_matches_fp32_linear(shape)\n")
+    result = subprocess.run([sys.executable, "-c", check, str(Path(__file__).parent)], capture_output=True,
+                            text=True, env={**os.environ, "SPECDEC_BF16_KERNEL": "avx2"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "the bf16-weight kernel is built (AVX2, " in result.stdout
+
+
+@needs_kernel
 def test_kernel_refuses_a_packing_it_does_not_cover():
     weight = bf16_valued(8, 32)
     with pytest.raises(RuntimeError, match="a packed weight of a shape the kernel covers"):
         torch.ops.specdec.bf16_weights_linear(torch.randn(1, 32), bf16_weights.pack(weight)[:-16], weight)
 
 
-@needs_avx512
+@needs_kernel
 def test_layer_with_bias_and_non_contiguous_input():
     linear = torch.nn.Linear(64, 40)
     with torch.no_grad():
@@ -117,7 +154,7 @@ def test_layer_with_bias_and_non_contiguous_input():
     assert layer.weight is linear.weight and "packed" not in layer.state_dict()
 
 
-@needs_avx512
+@needs_kernel
 def test_prepare_reads_zoo_weights_as_bf16_and_counts_half_the_bytes():
     target, _ = zoo.load("zoo:target")
     quick = fast.prepare(target)
@@ -154,7 +191,7 @@ def bf16_rounded(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-@needs_avx512
+@needs_kernel
 @pytest.mark.parametrize("family", ["llama", "gpt2", "qwen2"])
 def test_bf16_valued_random_families_decode_exactly(family):
     """Any family whose weights are bf16 values: greedy output identical, baseline and speculative.

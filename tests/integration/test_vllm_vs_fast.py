@@ -38,7 +38,7 @@ def test_vllm_and_the_fast_reference_side_by_side(model_pair, vllm_launcher, vll
             # float32 on both sides: every method reproduces the eager greedy output.
             assert summary[label][name]["identical_to_eager_baseline"] == PROMPTS, (label, name)
     assert summary["fast_path"] != "the eager model"
-    if target == "zoo:target":  # bf16-valued weights, read as bf16 where the kernel builds (AVX-512)
+    if target == "zoo:target":  # bf16-valued weights, read as bf16 where the kernel builds (AVX-512 or AVX2)
         assert summary["fast_path"] == ("bf16-stored weights (50 of 50 linear layers)" if bf16_weights.available()[0]
                                         else "prepacked oneDNN weights")
     lines = result.stdout.strip().splitlines()
