@@ -47,6 +47,12 @@ class Drafter(Protocol):
         """The target kept ``num_accepted`` proposed tokens; ``tokens`` is the sequence now."""
 
 
+# A model may carry, under this attribute, a faster way to draft k greedy tokens with the same
+# result: ``(cache, tokens, k, vocab_size) -> (drafts, forward calls)``, where ``tokens`` is the
+# whole sequence (at least two tokens). ``specdec_ref.fast``'s compiled models do: one graph for k steps.
+GREEDY_DRAFTS = "_specdec_greedy_drafts"
+
+
 class ModelDrafter:
     """Drafts autoregressively with a small causal LM that shares the target's tokenizer.
 
@@ -65,12 +71,22 @@ class ModelDrafter:
         self.vocab_size = vocab_size
         self.min_confidence = min_confidence
         self.cache = new_cache(model)
+        self.draft_length = None
 
     def start(self, prompt: torch.LongTensor, max_new_tokens: int) -> None:
         check_context(self.model, prompt.numel() + max_new_tokens, "draft model")
         self.cache = new_cache(self.model)
+        self.draft_length = None
 
     def propose(self, tokens: torch.LongTensor, max_tokens: int, sampler: Sampler) -> Proposal:
+        # The first request is k: only the budget's end asks for fewer, which the per-step loop
+        # serves, so that a model with GREEDY_DRAFTS builds nothing for those lengths.
+        self.draft_length = self.draft_length or max_tokens
+        greedy_drafts = getattr(self.model, GREEDY_DRAFTS, None)
+        if (greedy_drafts and sampler.greedy and self.min_confidence is None and max_tokens == self.draft_length
+                and tokens.numel() >= 2):
+            drafts, calls = greedy_drafts(self.cache, tokens, max_tokens, self.vocab_size)
+            return Proposal(drafts, None, forward_calls=calls)
         # Feed what the draft has not read yet: the prompt at first, then the target's last token(s).
         pending = tokens[self.cache.get_seq_length():]
         drafts, probs = draft_autoregressive(self.model, self.cache, pending, max_tokens, sampler,

@@ -25,6 +25,8 @@ costs nothing.
 The same switch can compile as well (``prepare(model, compile=True)``): ``torch.compile``
 fuses the small operators around the matmuls and removes most of the Python glue, the
 fixed cost that :func:`profile_decode_step` shows is a large share of a small model's step.
+A compiled draft model also drafts its k greedy tokens as one graph, argmax included, instead
+of k calls of a one-step graph (one more graph to compile per k).
 
 The eager model stays the default and the one the lessons step through; this module is
 the switch, and the measuring tools lesson 2 uses to show why it helps:
@@ -71,6 +73,7 @@ from itertools import chain
 import torch
 
 from . import bf16_weights as bf16
+from .drafters import GREEDY_DRAFTS
 from .kv_cache import CAPACITY_ATTRIBUTE, PreallocatedLayer, new_cache, rollback
 from .roofline import last_level_cache_bytes, weight_bytes
 from .timing import time_paired
@@ -310,20 +313,62 @@ class _CompiledForward:
             return self.compiled(input_ids, *args, **kwargs)
 
 
+class _CompiledGreedyDrafts:
+    """A draft model's k greedy steps as one compiled graph (:data:`~specdec_ref.drafters.GREEDY_DRAFTS`).
+
+    Called one graph at a time, each draft step pays the compiled forward's entry (guards,
+    wrappers, the output object) and an eager argmax. One graph for the k steps, the argmax
+    inside, pays that once per draft. Its input always has two tokens (the cache is rolled back
+    by one, or fed what precedes them), so one graph per k serves every iteration, after a
+    full acceptance too; the first step recomputes one cache position, which costs next to
+    nothing where the step is bound by weight bytes.
+    """
+
+    def __init__(self, forward, compiled_forward: _CompiledForward) -> None:
+        self.forward, self.compiled_forward = forward, compiled_forward
+        self.compiled = torch.compile(self._steps, dynamic=True)
+
+    def _steps(self, input_ids: torch.LongTensor, cache, num_tokens: int, vocab_size: int | None) -> torch.Tensor:
+        drafts = []
+        for _ in range(num_tokens):
+            logits = self.forward(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+            # Cut to the target's width; padding with -inf (a wider target) never changes the argmax.
+            input_ids = logits[:vocab_size].argmax().view(1, 1)
+            drafts.append(input_ids)
+        return torch.cat(drafts).view(-1)
+
+    def __call__(self, cache, tokens: torch.LongTensor, num_tokens: int, vocab_size: int | None) -> tuple[torch.Tensor, int]:
+        """Draft ``num_tokens`` greedy tokens after ``tokens`` (1-D, at least two); the cache
+        ends one token short, as the loop expects. Returns the drafts and the forward calls made."""
+        with torch.inference_mode():
+            read, start = cache.get_seq_length(), tokens.numel() - 2
+            calls = num_tokens
+            if read > start:
+                rollback(cache, start)
+            elif read < start:  # the prompt, or a UAG re-encoding: feed all but the last two tokens
+                self.compiled_forward(tokens[None, read:start], past_key_values=cache, use_cache=True,
+                                      logits_to_keep=1)
+                calls += 1
+            return self.compiled(tokens[None, start:].clone(), cache, num_tokens, vocab_size), calls
+
+
 def _compiled(model: torch.nn.Module) -> torch.nn.Module:
     """A copy sharing ``model``'s weights whose forward is compiled by torch.compile.
 
     Dynamic shapes: one graph serves every cache length and every number of new tokens
     above one (the prefill, the k + 1 tokens of a verification), so a run compiles a few
-    graphs once instead of one per length. bf16-stored layers stay one opaque call each in
-    the graph. Raises torch's recompile limit to
+    graphs once instead of one per length. Greedy drafting with the copy compiles one more
+    graph per k (:class:`_CompiledGreedyDrafts`). bf16-stored layers stay one opaque call
+    each in the graph. Raises torch's recompile limit to
     :data:`RECOMPILE_LIMIT` (a process-wide setting).
     """
     import torch._dynamo
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     compiled = _copy_sharing_weights(model)
-    compiled.forward = _CompiledForward(compiled.forward)
+    forward = compiled.forward
+    compiled.forward = _CompiledForward(forward)
+    setattr(compiled, GREEDY_DRAFTS, _CompiledGreedyDrafts(forward, compiled.forward))
     compiled._specdec_compiled = True
     return compiled
 

@@ -17,7 +17,10 @@ from torch._dynamo.utils import counters
 
 from factories import build, noisy_copy, prompt
 from specdec_ref import autoregressive_generate, bench, fast, speculative_generate, zoo
+from specdec_ref.drafters import GREEDY_DRAFTS, ModelDrafter, draft_autoregressive
+from specdec_ref.kv_cache import new_cache, rollback
 from specdec_ref.ngram import PromptLookupDrafter
+from specdec_ref.sampling import Sampler
 from specdec_ref.roofline import weight_bytes
 from specdec_ref.zoo.corpus import heldout_prompts
 
@@ -113,6 +116,18 @@ def test_random_families_greedy_identical(family_pair):
             assert torch.equal(out.sequences, expected), (family, seed)
 
 
+class CountingGreedyDrafts:
+    """Wraps a compiled model's one-graph greedy drafting and counts its calls."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.inner, self.calls = getattr(model, GREEDY_DRAFTS), 0
+        setattr(model, GREEDY_DRAFTS, self)
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.inner(*args)
+
+
 def test_compile_shares_the_weights_and_decodes_real_weights_exactly(zoo_models):
     draft, tokenizer = zoo_models["draft"], zoo_models["tokenizer"]
     ok, reason = fast.compile_available(draft)
@@ -122,6 +137,8 @@ def test_compile_shares_the_weights_and_decodes_real_weights_exactly(zoo_models)
     assert fast.path_name(compiled).endswith("torch.compile")  # and bf16-stored where the kernel builds
     assert all(a is b for a, b in zip(compiled.parameters(), draft.parameters()))
     assert fast.prepare(compiled, compile=True) is compiled
+    one_graph = CountingGreedyDrafts(compiled)
+    target = fast.prepare(zoo_models["target"])
     graphs = []
     for text in heldout_prompts(3):
         ids = tokenizer(text, return_tensors="pt").input_ids
@@ -130,9 +147,58 @@ def test_compile_shares_the_weights_and_decodes_real_weights_exactly(zoo_models)
         # Verifications of every length, then rollbacks: the cache's strides must not change.
         lookup = speculative_generate(compiled, PromptLookupDrafter(), ids, NEW_TOKENS, 4, eos_token_id=[])
         assert torch.equal(lookup.sequences, expected)
+        # The compiled model drafting: k greedy steps in one graph, the budget's end step by step.
+        calls = one_graph.calls
+        out = speculative_generate(target, compiled, ids, NEW_TOKENS, 4, eos_token_id=[])
+        assert torch.equal(out.sequences, greedy(target, ids))
+        # Every iteration that drafted all 4 tokens, and only those, drafted in one graph.
+        fused = one_graph.calls - calls
+        assert fused > 0 and 0 <= out.stats.drafted_tokens - 4 * fused <= 3 * (out.stats.iterations - fused)
+        assert out.stats.accepted_tokens > 0
         graphs.append(counters["stats"]["unique_graphs"])
     # The first prompt compiled every kind of pass; other prompt and cache lengths reuse them.
     assert graphs[0] == graphs[1] == graphs[2]
+
+
+def test_compiled_greedy_drafts_match_the_per_step_loop():
+    """One graph for k steps against the per-step loop on the same compiled model: from the
+    prompt, after a rejection (one token pending) and after a full acceptance (two pending),
+    with the target's width equal, narrower and wider than the draft's logits."""
+    compiled = fast.prepare(build("llama", 64, 2, seed=0), compile=True)
+    greedy_drafts, sampler = getattr(compiled, GREEDY_DRAFTS), Sampler()
+    vocab = compiled.config.vocab_size
+    for vocab_size in (None, vocab - 3, vocab + 5):
+        tokens = prompt(12, seed=1)[0]
+        cache, reference_cache = new_cache(compiled), new_cache(compiled)
+        for accepted in (None, 1, 4):  # None: the first draft, from the prompt
+            if accepted is not None:  # the target keeps `accepted` drafts and adds a token of its own
+                tokens = torch.cat([tokens, drafts[:accepted], torch.tensor([7])])
+                rollback(cache, tokens.numel() - 1)
+                rollback(reference_cache, tokens.numel() - 1)
+            pending = tokens[reference_cache.get_seq_length():]
+            expected, _ = draft_autoregressive(compiled, reference_cache, pending, 4, sampler, vocab_size)
+            drafts, calls = greedy_drafts(cache, tokens, 4, vocab_size)
+            assert torch.equal(drafts, expected), (vocab_size, accepted)
+            assert calls == (5 if accepted is None else 4)  # the prompt is fed first, in its own pass
+            assert cache.get_seq_length() == reference_cache.get_seq_length() == tokens.numel() + 3
+        assert vocab_size is None or int(drafts.max()) < min(vocab, vocab_size)
+
+
+def test_model_drafter_drafts_in_one_graph_only_for_full_greedy_drafts(zoo_models):
+    compiled = fast.prepare(zoo_models["draft"], compile=True)
+    one_graph = CountingGreedyDrafts(compiled)
+    tokens = zoo_models["tokenizer"]("def add(a, b):", return_tensors="pt").input_ids[0]
+    for sampler, min_confidence, fused in ((Sampler(), None, True), (Sampler(), 0.5, False),
+                                           (Sampler(do_sample=True, generator=torch.Generator().manual_seed(0)),
+                                            None, False)):
+        drafter = ModelDrafter(compiled, min_confidence=min_confidence)
+        drafter.start(tokens, 16)
+        calls = one_graph.calls
+        proposal = drafter.propose(tokens, 3, sampler)
+        assert one_graph.calls - calls == fused and proposal.tokens.numel() <= 3
+        drafter.update(torch.cat([tokens, proposal.tokens[:1]]), 1)
+        shorter = drafter.propose(torch.cat([tokens, proposal.tokens[:1]]), 2, sampler)  # the budget's end
+        assert one_graph.calls - calls == fused and shorter.tokens.numel() <= 2
 
 
 def test_compile_without_a_cxx_compiler_is_a_noop_with_a_message(monkeypatch):
