@@ -119,13 +119,14 @@ def report(summary: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", default="zoo:target")
-    parser.add_argument("--draft", default="zoo:draft")
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--venv", type=Path, default=Path(os.environ.get("SPECDEC_VLLM_VENV", REPO / ".venv-vllm")))
-    parser.add_argument("--json")
+    parser.add_argument("--target", default="zoo:target", help="target model: zoo name, local folder or Hub id")
+    parser.add_argument("--draft", default="zoo:draft", help="draft model for speculation (same tokenizer)")
+    parser.add_argument("--prompts", type=int, default=8, help="how many held-out course prompts to time")
+    parser.add_argument("--k", type=int, default=4, help="draft tokens per speculative iteration")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt")
+    parser.add_argument("--venv", type=Path, default=Path(os.environ.get("SPECDEC_VLLM_VENV", REPO / ".venv-vllm")),
+                        help="vLLM's environment (scripts/setup_vllm_env.sh makes .venv-vllm)")
+    parser.add_argument("--json", help="also write the summary to this JSON file")
     parser.add_argument("--compile", action="store_true", help="compile the fast reference as well (torch.compile)")
     args = parser.parse_args(argv)
     if not (args.venv / "bin" / "python").exists():

@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from .inputs import check_context
+from .inputs import check_context, context_length
 from .kv_cache import new_cache, rollback
 from .sampling import Sampler
 
@@ -79,14 +79,15 @@ class ModelDrafter:
         self.draft_length = None
 
     def propose(self, tokens: torch.LongTensor, max_tokens: int, sampler: Sampler) -> Proposal:
-        # The first request is k: only the budget's end asks for fewer, which the per-step loop
-        # serves, so that a model with GREEDY_DRAFTS builds nothing for those lengths.
+        # The first request is k; only the budget's end asks for fewer. A model with GREEDY_DRAFTS
+        # drafts all k there too and the extra drafts are dropped: one graph serves every request.
         self.draft_length = self.draft_length or max_tokens
         greedy_drafts = getattr(self.model, GREEDY_DRAFTS, None)
-        if (greedy_drafts and sampler.greedy and self.min_confidence is None and max_tokens == self.draft_length
-                and tokens.numel() >= 2):
-            drafts, calls = greedy_drafts(self.cache, tokens, max_tokens, self.vocab_size)
-            return Proposal(drafts, None, forward_calls=calls)
+        limit = context_length(self.model)
+        if (greedy_drafts and max_tokens and sampler.greedy and self.min_confidence is None and tokens.numel() >= 2
+                and (limit is None or tokens.numel() + self.draft_length - 1 <= limit)):
+            drafts, calls = greedy_drafts(self.cache, tokens, self.draft_length, self.vocab_size)
+            return Proposal(drafts[:max_tokens], None, forward_calls=calls)
         # Feed what the draft has not read yet: the prompt at first, then the target's last token(s).
         pending = tokens[self.cache.get_seq_length():]
         drafts, probs = draft_autoregressive(self.model, self.cache, pending, max_tokens, sampler,
