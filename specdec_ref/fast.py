@@ -345,7 +345,7 @@ class _CompiledGreedyDrafts:
             calls = num_tokens
             if read > start:
                 rollback(cache, start)
-            elif read < start:  # the prompt, or a UAG re-encoding: feed all but the last two tokens
+            elif read < start:  # the prompt at first: feed all but its last two tokens
                 self.compiled_forward(tokens[None, read:start], past_key_values=cache, use_cache=True,
                                       logits_to_keep=1)
                 calls += 1
