@@ -287,13 +287,14 @@ RECOMPILE_LIMIT = 64
 class _CompiledForward:
     """A model's forward compiled by torch.compile, fed inputs in one canonical form.
 
-    Each compiled graph is guarded by its inputs' properties; two properties that the loops
-    vary without meaning anything would recompile again and again: whether a tensor was
-    made under inference mode, and the strides of cache tensors that a rollback left as
-    views of longer ones. Cloning the ids under inference mode fixes the first. The caches
-    the loops make for a fast model (:class:`~specdec_ref.kv_cache.PreallocatedLayer`) keep
-    their strides; a plain ``DynamicCache`` passed in has such tensors made contiguous (a
-    copy only after a rollback).
+    Each compiled graph is guarded by its inputs' properties; three that the loops vary
+    without meaning anything would recompile again and again: whether a tensor was made
+    under inference mode, the strides of the ids (a one-token slice of the loop's token
+    buffer keeps the buffer's row stride), and the strides of cache tensors that a rollback
+    left as views of longer ones. Cloning the ids under inference mode to contiguous strides
+    fixes the first two. The caches the loops make for a fast model
+    (:class:`~specdec_ref.kv_cache.PreallocatedLayer`) keep their strides; a plain
+    ``DynamicCache`` passed in has such tensors made contiguous (a copy only after a rollback).
     """
 
     def __init__(self, forward) -> None:
@@ -302,7 +303,7 @@ class _CompiledForward:
     def __call__(self, input_ids: torch.Tensor | None = None, *args, **kwargs):
         with torch.inference_mode():
             if input_ids is not None:
-                input_ids = input_ids.clone()
+                input_ids = input_ids.clone(memory_format=torch.contiguous_format)
             for layer in getattr(kwargs.get("past_key_values"), "layers", ()):
                 if isinstance(layer, PreallocatedLayer):
                     continue
@@ -349,7 +350,7 @@ class _CompiledGreedyDrafts:
                 self.compiled_forward(tokens[None, read:start], past_key_values=cache, use_cache=True,
                                       logits_to_keep=1)
                 calls += 1
-            return self.compiled(tokens[None, start:].clone(), cache, num_tokens, vocab_size), calls
+            return self.compiled(tokens[None, start:].clone(memory_format=torch.contiguous_format), cache, num_tokens, vocab_size), calls
 
 
 def _compiled(model: torch.nn.Module) -> torch.nn.Module:

@@ -139,6 +139,15 @@ def test_compile_shares_the_weights_and_decodes_real_weights_exactly(zoo_models)
     assert fast.prepare(compiled, compile=True) is compiled
     one_graph = CountingGreedyDrafts(compiled)
     target = fast.prepare(zoo_models["target"])
+    # A one-token slice of a longer buffer (a verification with no drafts) runs on the decode
+    # step's graph, whatever the buffer's row stride.
+    ids = tokenizer(heldout_prompts(1)[0], return_tensors="pt").input_ids
+    greedy(compiled, ids)  # the prefill's and the decode step's graphs
+    decode_graphs, cache = counters["stats"]["unique_graphs"], new_cache(compiled)
+    compiled(ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    buffer = torch.cat([ids, ids], dim=1)
+    compiled(buffer[:, ids.shape[1] - 1:ids.shape[1]], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    assert counters["stats"]["unique_graphs"] == decode_graphs
     graphs = []
     for text in heldout_prompts(3):
         ids = tokenizer(text, return_tensors="pt").input_ids
