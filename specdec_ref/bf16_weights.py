@@ -63,11 +63,11 @@ def _variant_flags() -> tuple[str, ...] | None:
     return KERNEL_VARIANTS.get(os.environ.get("SPECDEC_BF16_KERNEL") or "native")
 
 
-def _build_command(compiler: str, target: Path) -> list[str]:
+def _build_command(compiler: str, variant: tuple[str, ...], target: Path) -> list[str]:
     from torch.utils.cpp_extension import include_paths, library_paths
 
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
-    return [compiler, *FLAGS, *_variant_flags(), abi, *(f"-I{path}" for path in include_paths()), str(SOURCE),
+    return [compiler, *FLAGS, *variant, abi, *(f"-I{path}" for path in include_paths()), str(SOURCE),
             *(f"-L{path}" for path in library_paths()), "-lc10", "-ltorch_cpu", "-o", str(target)]
 
 
@@ -100,7 +100,7 @@ def _operator() -> tuple[bool, str]:
         built.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=built.parent) as scratch:
             target = Path(scratch) / built.name
-            result = subprocess.run(_build_command(compiler, target), capture_output=True, text=True)
+            result = subprocess.run(_build_command(compiler, variant, target), capture_output=True, text=True)
             if result.returncode:
                 first = next((line for line in result.stderr.splitlines() if "error" in line), "no message")
                 return False, f"building the kernel with {compiler} failed: {first.strip()}"
