@@ -68,6 +68,15 @@ class PreallocatedLayer(DynamicLayer):
         self.key_buffer[:, :, : self.length] = keys
         self.value_buffer[:, :, : self.length] = values
 
+    def reserve(self, needed: int) -> None:
+        """Make room for ``needed`` positions now (doubling), so that update() will not grow."""
+        if needed > self.capacity:
+            if self.is_initialized:
+                self._grow(needed)
+            else:
+                while self.capacity < needed:
+                    self.capacity *= 2
+
     def get_seq_length(self) -> int:
         return self.length
 
@@ -92,6 +101,14 @@ def new_cache(model: torch.nn.Module) -> DynamicCache:
         cache.layers = [PreallocatedLayer(capacity) if type(layer) is DynamicLayer else layer
                         for layer in cache.layers]
     return cache
+
+
+def reserve(cache: Cache, new_positions: int) -> None:
+    """Grow ``cache``'s preallocated layers now for ``new_positions`` more: a compiled forward
+    that grew a buffer inside its graph would compile another graph, in the middle of a run."""
+    for layer in getattr(cache, "layers", ()):
+        if isinstance(layer, PreallocatedLayer):
+            layer.reserve(layer.length + new_positions)
 
 
 def rollback(cache: Cache, length: int) -> None:

@@ -166,6 +166,18 @@ def test_compile_shares_the_weights_and_decodes_real_weights_exactly(zoo_models)
         graphs.append(counters["stats"]["unique_graphs"])
     # The first prompt compiled every kind of pass; other prompt and cache lengths reuse them.
     assert graphs[0] == graphs[1] == graphs[2]
+    # Caches that start at 8 positions grow before each call, never inside a graph: drafting
+    # after full acceptances (k drafts and a token of the target's each time) adds no graph.
+    small, full = new_cache(compiled), new_cache(compiled)
+    for layer in small.layers:
+        layer.capacity = 8
+    tokens = ids[0]
+    for _ in range(6):
+        drafts, _ = one_graph(small, tokens, 4, None)
+        assert torch.equal(drafts, one_graph(full, tokens, 4, None)[0])
+        tokens = torch.cat([tokens, drafts, torch.tensor([5])])
+    assert counters["stats"]["unique_graphs"] == graphs[0]
+    assert 8 < small.layers[0].capacity < 2 * tokens.numel()  # grown, by doubling
 
 
 def test_compiled_greedy_drafts_match_the_per_step_loop():

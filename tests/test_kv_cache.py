@@ -66,7 +66,9 @@ def test_only_fast_models_get_preallocated_caches():
     quick = fast.prepare(model)
     layers = new_cache(quick).layers
     assert len(layers) == 2 and all(isinstance(layer, PreallocatedLayer) for layer in layers)
-    assert {layer.capacity for layer in layers} == {256} == {fast.kv_cache_capacity(quick)}
+    assert {layer.capacity for layer in layers} == {fast.INITIAL_PREALLOCATED} == {fast.kv_cache_capacity(quick)}
+    short = build("llama", hidden=64, layers=2, seed=0, context=64)  # a context shorter than that: all of it
+    assert fast.kv_cache_capacity(fast.prepare(short)) == 64
     rollback(new_cache(quick), 0)  # an empty cache rolls back to nothing without error
 
 
