@@ -284,19 +284,6 @@ def compile_available(model: torch.nn.Module | None = None) -> tuple[bool, str]:
 RECOMPILE_LIMIT = 64
 
 
-def _compile(function):
-    """``torch.compile`` with dynamic shapes, not re-checking the model's modules at each call.
-
-    A call first evaluates its graph's guards; those on the modules' attributes cost about a
-    tenth of a compiled decode step here. The compiled copy is for inference and its modules
-    do not change (prepare the model again after changing it); where torch has no such filter
-    (before 2.7), every guard stays.
-    """
-    skip_module_guards = getattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe", None)
-    options = {"guard_filter_fn": skip_module_guards} if skip_module_guards else None
-    return torch.compile(function, dynamic=True, options=options)
-
-
 class _CompiledForward:
     """A model's forward compiled by torch.compile, fed inputs in one canonical form.
 
@@ -312,7 +299,7 @@ class _CompiledForward:
     """
 
     def __init__(self, forward) -> None:
-        self.compiled = _compile(forward)
+        self.compiled = torch.compile(forward, dynamic=True)
 
     def __call__(self, input_ids: torch.Tensor | None = None, *args, **kwargs):
         with torch.inference_mode():
@@ -342,7 +329,7 @@ class _CompiledGreedyDrafts:
 
     def __init__(self, forward, compiled_forward: _CompiledForward) -> None:
         self.forward, self.compiled_forward = forward, compiled_forward
-        self.compiled = _compile(self._steps)
+        self.compiled = torch.compile(self._steps, dynamic=True)
 
     def _steps(self, input_ids: torch.LongTensor, cache, num_tokens: int, vocab_size: int | None) -> torch.Tensor:
         drafts = []
@@ -457,10 +444,9 @@ def prepare(model: torch.nn.Module, only_if_faster: bool = False, compile: bool 
     of a decode step gone. The compilation itself runs on the first calls, once per new kind
     of input (prefill, one token, k + 1 tokens): about 45 s for the course pair on 2 cores, a
     few minutes the first time (before torch's on-disk kernel cache is warm), which
-    ``bench --fast --compile`` reports. The compiled copy does not re-check its modules'
-    attributes at each call: prepare the model again after changing it. Every fast kernel
-    sums in another order and so rounds differently in the last bits: greedy output is
-    identical except at near-ties, which the bench counts.
+    ``bench --fast --compile`` reports. Every fast kernel sums in another order and so rounds
+    differently in the last bits: greedy output is identical except at near-ties, which the
+    bench counts.
     """
     if is_fast(model) or is_compiled(model):
         return model
