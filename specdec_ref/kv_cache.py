@@ -104,11 +104,12 @@ def new_cache(model: torch.nn.Module) -> DynamicCache:
 
 
 def reserve(cache: Cache, new_positions: int) -> None:
-    """Grow ``cache``'s preallocated layers now for ``new_positions`` more: a compiled forward
-    that grew a buffer inside its graph would compile another graph, in the middle of a run."""
+    """Grow ``cache``'s preallocated layers now for ``new_positions`` more, and one spare: a
+    compiled forward that grew a buffer inside its graph, or filled one exactly (which slices
+    it whole), would compile another graph, in the middle of a run."""
     for layer in getattr(cache, "layers", ()):
         if isinstance(layer, PreallocatedLayer):
-            layer.reserve(layer.length + new_positions)
+            layer.reserve(layer.length + new_positions + 1)
 
 
 def rollback(cache: Cache, length: int) -> None:

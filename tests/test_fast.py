@@ -168,10 +168,13 @@ def test_compile_shares_the_weights_and_decodes_real_weights_exactly(zoo_models)
     assert graphs[0] == graphs[1] == graphs[2]
     # Caches that start at 8 positions grow before each call, never inside a graph: drafting
     # after full acceptances (k drafts and a token of the target's each time) adds no graph.
-    small, full = new_cache(compiled), new_cache(compiled)
+    small, full, exact = new_cache(compiled), new_cache(compiled), new_cache(compiled)
     for layer in small.layers:
         layer.capacity = 8
     tokens = ids[0]
+    for layer in exact.layers:  # the prompt but 2, then 2 + 3 positions written: full to the last
+        layer.capacity = tokens.numel() + 3
+    assert torch.equal(one_graph(exact, tokens, 4, None)[0], one_graph(full, tokens, 4, None)[0])
     for _ in range(6):
         drafts, _ = one_graph(small, tokens, 4, None)
         assert torch.equal(drafts, one_graph(full, tokens, 4, None)[0])

@@ -7,7 +7,7 @@ from transformers.cache_utils import DynamicLayer
 
 from factories import build, noisy_copy, prompt
 from specdec_ref import autoregressive_generate, fast, speculative_generate
-from specdec_ref.kv_cache import CAPACITY_ATTRIBUTE, PreallocatedLayer, new_cache, rollback
+from specdec_ref.kv_cache import CAPACITY_ATTRIBUTE, PreallocatedLayer, new_cache, reserve, rollback
 from specdec_ref.ngram import PromptLookupDrafter
 
 
@@ -70,6 +70,12 @@ def test_only_fast_models_get_preallocated_caches():
     short = build("llama", hidden=64, layers=2, seed=0, context=64)  # a context shorter than that: all of it
     assert fast.kv_cache_capacity(fast.prepare(short)) == 64
     rollback(new_cache(quick), 0)  # an empty cache rolls back to nothing without error
+    cache = new_cache(quick)
+    reserve(cache, 300)  # before the first write: the buffers will be allocated that large
+    assert all(layer.capacity == 512 for layer in cache.layers)
+    quick(prompt(5, seed=0), past_key_values=cache, use_cache=True)
+    reserve(cache, 507)  # 5 + 507 = 512 positions, and one spare
+    assert all(layer.capacity == 1024 and layer.key_buffer.shape[-2] == 1024 for layer in cache.layers)
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2", "qwen2"])
