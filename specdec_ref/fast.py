@@ -302,11 +302,12 @@ class _CompiledForward:
         self.compiled = torch.compile(forward, dynamic=True)
 
     def __call__(self, input_ids: torch.Tensor | None = None, *args, **kwargs):
+        cache = kwargs.get("past_key_values")
         with torch.inference_mode():
             if input_ids is not None:
                 input_ids = input_ids.clone(memory_format=torch.contiguous_format)
-                reserve(kwargs.get("past_key_values"), input_ids.shape[-1])
-            for layer in getattr(kwargs.get("past_key_values"), "layers", ()):
+                reserve(cache, input_ids.shape[-1])
+            for layer in getattr(cache, "layers", ()):
                 if isinstance(layer, PreallocatedLayer):
                     continue
                 for name in ("keys", "values"):

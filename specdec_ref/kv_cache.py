@@ -53,29 +53,24 @@ class PreallocatedLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         start, end = self.length, self.length + key_states.shape[-2]
-        if end > self.capacity:
-            self._grow(end)
+        self.reserve(end)
         self.key_buffer[:, :, start:end] = key_states
         self.value_buffer[:, :, start:end] = value_states
         self.length = end
         return self.keys, self.values
 
-    def _grow(self, needed: int) -> None:
+    def reserve(self, needed: int) -> None:
+        """Make room for ``needed`` positions (doubling; one copy of the filled ones), so that
+        a later update() of up to that length will not grow the buffers."""
+        if needed <= self.capacity:
+            return
         while self.capacity < needed:
             self.capacity *= 2
-        keys, values = self.keys, self.values
-        self.key_buffer, self.value_buffer = self._allocate(keys), self._allocate(values)
-        self.key_buffer[:, :, : self.length] = keys
-        self.value_buffer[:, :, : self.length] = values
-
-    def reserve(self, needed: int) -> None:
-        """Make room for ``needed`` positions now (doubling), so that update() will not grow."""
-        if needed > self.capacity:
-            if self.is_initialized:
-                self._grow(needed)
-            else:
-                while self.capacity < needed:
-                    self.capacity *= 2
+        if self.is_initialized:
+            keys, values = self.keys, self.values
+            self.key_buffer, self.value_buffer = self._allocate(keys), self._allocate(values)
+            self.key_buffer[:, :, : self.length] = keys
+            self.value_buffer[:, :, : self.length] = values
 
     def get_seq_length(self) -> int:
         return self.length
