@@ -120,12 +120,14 @@ def test_a_course_draft_of_another_tokenizer_drafts_through_uag(real_pair):
 def test_the_distillation_recipe_runs_end_to_end(tmp_path):
     """`python -m specdec_ref.zoo.distill --budget tiny`: teacher outputs, a draft, manifest entries."""
     from specdec_ref.zoo.distill import build
+    from specdec_ref.zoo.train import native_bf16
 
     out, work = tmp_path / "zoo", tmp_path / "work"
     out.mkdir()
     (out / "manifest.json").write_text(json.dumps({"files": {"target/x": "0" * 64}}))
     record = build(out, work, "tiny")
     assert record["teacher_sequences"] == 18 and record["train"]["steps"] == 3  # 3 batches of 6, 3 steps
+    assert record["train"]["precision"] == ("bf16 autocast" if native_bf16() else "float32")
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["files"]["target/x"] == "0" * 64  # other entries kept
     assert "smollm2-draft/model.safetensors" in manifest["files"] and manifest["smollm2_draft"] == record

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdec_ref.zoo import NAMES, RECIPE_NAMES, ZOO_DIR, load, load_tokenizer, resolve, resolve_tokenizer
 from specdec_ref.zoo.corpus import build_corpus, heldout_prompts, is_test_file
-from specdec_ref.zoo.train import topk_distill_loss
+from specdec_ref.zoo.train import native_bf16, topk_distill_loss, training_autocast
 from specdec_ref.zoo.evaluate import evaluate, loop_period
 
 REPO = Path(__file__).resolve().parents[1]
@@ -169,3 +169,16 @@ def test_topk_distillation_is_cross_entropy_to_the_teachers_distribution():
         assert topk_distill_loss(teacher, pad=0)([record]).item() == pytest.approx(entropy.item(), abs=1e-2)
         # Gibbs: any other student pays the KL divergence on top of the entropy
         assert topk_distill_loss(other, pad=0)([record]).item() > entropy.item() + 0.05
+
+
+def test_training_uses_bf16_only_where_the_cpu_has_it() -> None:
+    """Emulated bf16 matmuls are several times slower than float32, so a timed budget
+    trains in bf16 only on CPUs with AVX512-BF16 or AMX, as the kernel reports them."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        flags = set(cpuinfo.read_text().split())
+        assert native_bf16() == bool(flags & {"avx512_bf16", "amx_bf16"})
+    layer = torch.nn.Linear(8, 8)
+    with training_autocast():
+        out = layer(torch.randn(2, 8))
+    assert out.dtype == (torch.bfloat16 if native_bf16() else torch.float32)

@@ -6,7 +6,8 @@ Stages (``--work`` keeps each stage's output, so a rerun resumes where it stoppe
   1. prompts    three kinds, each split by topic (or by file) into train and held-out:
                 prose openings, chat requests (through SmolLM2's chat template) and
                 Python function openings from the standard library
-  2. teacher    SmolLM2's continuations of the training prompts (bfloat16, batched):
+  2. teacher    SmolLM2's continuations of the training prompts (batched; bfloat16
+                where the CPU has it natively, else float32):
                 greedy first, then sampled at temperature 0.8 for variety, with its
                 top-32 log-probabilities at every generated position
   3. draft      a narrow Llama with SmolLM2's tokenizer; its tied embedding starts as
@@ -34,7 +35,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrai
 
 from specdec_ref.zoo import sha256_file
 from specdec_ref.zoo.corpus import build_corpus, code_prompts
-from specdec_ref.zoo.train import Arch, budgeted, fit, padded, topk_distill_loss
+from specdec_ref.zoo.train import (Arch, budgeted, fit, native_bf16, padded, topk_distill_loss,
+                                   training_autocast)
 
 KINDS = ("prose", "code", "chat")
 
@@ -207,7 +209,7 @@ def generate_stage(teacher: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
     records = [r for f in done for r in torch.load(f, weights_only=False)]
     if (folder / "complete").exists():
         return records
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with training_autocast():
         for i in budgeted(batches, minutes, name):
             index = len(done) + i
             batch = teacher_records(teacher, tokenizer, texts, index, budget, sampled)
@@ -267,7 +269,7 @@ def build(out: Path, work: Path, budget_name: str = "full", seed: int = 0, init:
     from specdec_ref.zoo import load
 
     budget = BUDGETS[budget_name]
-    teacher, tokenizer = load("zoo:smollm2", dtype=torch.bfloat16)
+    teacher, tokenizer = load("zoo:smollm2", dtype=torch.bfloat16 if native_bf16() else torch.float32)
     train = prompts(tokenizer, "train", code_limit=budget.code_prompts, seed=seed)
     # interleave the kinds so every teacher batch mixes all three
     mixed = [text for _, text in interleave(train)]
