@@ -137,6 +137,17 @@ def test_the_distillation_recipe_runs_end_to_end(tmp_path):
     assert build(out, work, "tiny")["teacher_sequences"] == 18  # a rerun reuses the teacher's outputs
 
 
+def test_greedy_agreement_is_total_for_the_teacher_and_partial_for_the_draft(real_pair):
+    from specdec_ref.zoo.distill import greedy_agreement
+
+    target, draft, tokenizer, _ = real_pair
+    by_kind = {"prose": ["The history of the bicycle begins"],
+               "code": ["def mean(values):\n", "class Stack:\n    def __init__(self):\n"]}  # left-padded
+    assert greedy_agreement(target, target, tokenizer, by_kind, new_tokens=12) == {"prose": 1.0, "code": 1.0}
+    rates = greedy_agreement(draft, target, tokenizer, by_kind, new_tokens=12)
+    assert set(rates) == {"prose", "code"} and 0 <= min(rates.values()) and sum(rates.values()) < 2
+
+
 def test_the_example_prompts_file_renders_with_smollm2s_chat_template(real_pair):
     from specdec_ref.__main__ import read_prompts_file
 
