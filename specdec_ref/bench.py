@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from . import fast, roofline
 from .baseline import autoregressive_generate
 from .costs import measure_costs
+from .eagle import EagleDrafter
 from .ngram import PromptLookupDrafter
 from .inputs import clock
 from .speculative import speculative_generate
@@ -44,6 +45,18 @@ class Pair:
         return isinstance(self.draft, PromptLookupDrafter)
 
     @property
+    def draft_model(self) -> torch.nn.Module | None:
+        """The draft as a causal LM (what transformers' assisted generation takes), else None."""
+        return self.draft if isinstance(self.draft, torch.nn.Module) else None
+
+    @property
+    def draft_weight_bytes(self) -> float:
+        """Bytes one draft step reads (0 for prompt lookup)."""
+        if self.prompt_lookup:
+            return 0.0
+        return self.draft.weight_bytes if isinstance(self.draft, EagleDrafter) else roofline.weight_bytes(self.draft)
+
+    @property
     def tokenizer_kwargs(self) -> dict:
         """What speculative_generate needs for this pair (the tokenizers only on the UAG path)."""
         if not self.cross_tokenizer:
@@ -52,12 +65,16 @@ class Pair:
 
 
 def load_pair(target: str, draft: str, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Pair:
-    """Load a pair by zoo name (``zoo:target``), local path or Hub id; ``draft="ngram"`` is prompt lookup."""
+    """Load a pair by zoo name (``zoo:target``), local path or Hub id; ``draft="ngram"`` is prompt
+    lookup; an EAGLE head (``zoo:smollm2-eagle`` or its folder) drafts from the target's features."""
     from . import zoo
 
     target_model, target_tokenizer = zoo.load(target, dtype=dtype, device=device)
     if draft == "ngram":
         return Pair(target_model, PromptLookupDrafter(), target_tokenizer, None)
+    if zoo.is_eagle_head(draft):
+        head, vocab = zoo.load_eagle(draft, dtype=dtype, device=device)
+        return Pair(target_model, EagleDrafter(head, target_model, vocab), target_tokenizer, None)
     draft_model, draft_tokenizer = zoo.load(draft, dtype=dtype, device=device)
     return Pair(target_model, draft_model, target_tokenizer, draft_tokenizer)
 
@@ -123,8 +140,11 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
     speculative sampling keeps the target's *distribution*, not its individual samples, so
     their ``*_identical_outputs`` entries are None.
     """
-    if min_draft_confidence is not None and pair.prompt_lookup:
-        raise ValueError("min_draft_confidence needs a draft model; prompt lookup has no confidence")
+    if min_draft_confidence is not None and pair.draft_model is None:
+        raise ValueError("min_draft_confidence needs a draft model; prompt lookup and EAGLE heads take "
+                         "it on their drafter instead")
+    if hf_assisted and pair.draft_model is None and not pair.prompt_lookup:
+        raise ValueError("transformers has no assisted generation for this drafter; pass hf_assisted=False")
     if temperature is not None and not temperature > 0:
         raise ValueError(f"temperature must be > 0 for sampling (got {temperature})")
     encoded = [pair.target_tokenizer(p, return_tensors="pt").input_ids.to(pair.target.device)
@@ -175,7 +195,7 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
     context = int(statistics.median(ids.shape[1] for ids in encoded)) + max_new_tokens // 2
     costs = cost_model(pair, context, ks)
     target_bytes = roofline.weight_bytes(pair.target)
-    draft_bytes = 0.0 if pair.prompt_lookup else roofline.weight_bytes(pair.draft)
+    draft_bytes = pair.draft_weight_bytes
     base_tps = [max_new_tokens / r["seconds"] for r in baseline]
     summary = {
         "max_new_tokens": max_new_tokens,
@@ -281,7 +301,7 @@ def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_toke
     if not ok:
         raise ValueError(f"the fast path does not apply: {reason}")
     fast_pair = Pair(fast.prepare(pair.target, compile=compile),
-                     pair.draft if pair.prompt_lookup else fast.prepare(pair.draft, compile=compile),
+                     pair.draft if pair.draft_model is None else fast.prepare(pair.draft, compile=compile),
                      pair.target_tokenizer, pair.draft_tokenizer)
     versions = {"eager": pair, "fast": fast_pair}
     encoded = [pair.target_tokenizer(p, return_tensors="pt").input_ids.to(pair.target.device) for p in prompts]
@@ -311,7 +331,7 @@ def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_toke
 
     # Bytes each version reads per pass: bf16-stored layers read half their fp32 weight's.
     streamed = {version: (fast.streamed_weight_bytes(p.target),
-                          0.0 if pair.prompt_lookup else fast.streamed_weight_bytes(p.draft))
+                          pair.draft_weight_bytes if pair.draft_model is None else fast.streamed_weight_bytes(p.draft))
                 for version, p in versions.items()}
     eager_baseline = runs["eager", None]
 

@@ -40,6 +40,8 @@ def measure_costs(target: torch.nn.Module, draft: torch.nn.Module | None, contex
     back to back (alternating which goes first) and keeps their ratio; ``warmup`` rounds are
     discarded. ``clock`` is injectable so the protocol can be tested without real time.
     ``draft=None`` (a drafter without a model, e.g. prompt lookup) measures only v(k); c is 0.
+    A drafter that reads the target's features (:class:`~specdec_ref.eagle.EagleDrafter`) is
+    timed for one draft step after the context's features, as it drafts in the loop.
     """
     ks = sorted(set(ks))
     if not ks or any(not isinstance(k, int) or k < 1 for k in ks):
@@ -48,8 +50,9 @@ def measure_costs(target: torch.nn.Module, draft: torch.nn.Module | None, contex
         raise ValueError(f"need rounds >= 1, warmup >= 0 and context >= 1 (got {rounds}, {warmup}, {context})")
     total = context + max(ks) + 1
     check_context(target, total, "target")
-    models = [target] if draft is None else [target, draft]
-    if draft is not None:
+    reads_features = getattr(draft, "reads_target_features", False)
+    models = [target] if draft is None or reads_features else [target, draft]
+    if draft is not None and not reads_features:
         check_context(draft, total, "draft model")
     now = clock or device_clock(target.device)
     vocab = min(model.config.vocab_size for model in models)
@@ -59,24 +62,32 @@ def measure_costs(target: torch.nn.Module, draft: torch.nn.Module | None, contex
         caches[model] = new_cache(model)
         model(ids[:, :context].to(model.device), past_key_values=caches[model], use_cache=True, logits_to_keep=1)
 
-    def seconds(model: torch.nn.Module, tokens: int) -> float:
-        start = now()
-        model(ids[:, context: context + tokens].to(model.device), past_key_values=caches[model], use_cache=True)
-        elapsed = now() - start
-        rollback(caches[model], context)
-        return elapsed
+    def target_pass(model: torch.nn.Module, tokens: int) -> Callable[[], None]:
+        def run() -> None:
+            model(ids[:, context: context + tokens].to(model.device), past_key_values=caches[model], use_cache=True)
+            rollback(caches[model], context)
+        return run
 
-    passes = ({} if draft is None else {"draft": (draft, 1)}) | {k: (target, k + 1) for k in ks}
+    def seconds(run: Callable[[], None]) -> float:
+        start = now()
+        run()
+        return now() - start
+
+    one_token_pass = target_pass(target, 1)
+    passes = {k: target_pass(target, k + 1) for k in ks}
+    if draft is not None:
+        passes = {"draft": _feature_draft_step(target, draft, ids[0, : context + 1]) if reads_features
+                  else target_pass(draft, 1)} | passes
     ratios: dict[str | int, list[float]] = {name: [] for name in passes}
     one_token: list[float] = []
     for round_ in range(warmup + rounds):
-        for name, (model, tokens) in passes.items():
+        for name, run in passes.items():
             if round_ % 2 == 0:
-                base = seconds(target, 1)
-                other = seconds(model, tokens)
+                base = seconds(one_token_pass)
+                other = seconds(run)
             else:
-                other = seconds(model, tokens)
-                base = seconds(target, 1)
+                other = seconds(run)
+                base = seconds(one_token_pass)
             if round_ >= warmup:
                 ratios[name].append(other / base)
                 one_token.append(base)
@@ -88,3 +99,21 @@ def measure_costs(target: torch.nn.Module, draft: torch.nn.Module | None, contex
         verify_costs={k: statistics.median(ratios[k]) for k in ks},
         verify_spread={k: quartiles(ratios[k]) for k in ks},
     )
+
+
+def _feature_draft_step(target: torch.nn.Module, drafter, tokens: torch.LongTensor) -> Callable[[], None]:
+    """One draft step of a feature-reading drafter after ``tokens``: it reads the last real
+    feature and drafts one token; the drafter is rewound after each call, so calls repeat."""
+    from .sampling import Sampler
+
+    context = tokens.numel() - 1
+    features = target(tokens[None, :context].to(target.device), output_hidden_states=True).hidden_states[-1][0]
+    drafter.start(tokens[:context], 1)
+    drafter.update(tokens[:context], 0, features[:-1])
+    greedy = Sampler()
+
+    def step() -> None:
+        drafter.rewind(context - 1)
+        drafter.update(tokens, 0, features[-1:])
+        drafter.propose(tokens, 1, greedy)
+    return step

@@ -44,7 +44,13 @@ class Drafter(Protocol):
         """Propose at most ``max_tokens`` tokens continuing ``tokens`` (1-D, prompt included)."""
 
     def update(self, tokens: torch.LongTensor, num_accepted: int) -> None:
-        """The target kept ``num_accepted`` proposed tokens; ``tokens`` is the sequence now."""
+        """The target kept ``num_accepted`` proposed tokens; ``tokens`` is the sequence now.
+
+        A drafter with ``reads_target_features = True`` (EAGLE, :mod:`specdec_ref.eagle`) is
+        also passed ``features``: the target's last hidden states [m, d] for the m positions
+        its cache gained (after the prefill, the prompt's but the last; after a verification,
+        the last token's and the accepted drafts'), taken from the pass the loop ran anyway.
+        """
 
 
 # A model may carry, under this attribute, a faster way to draft k greedy tokens with the same

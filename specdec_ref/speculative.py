@@ -117,8 +117,11 @@ def speculative_step(
     # 2. Verify: one target pass over [last token, d1..dn] gives the target's
     #    distribution after every prefix: n + 1 positions. (Asking for all n + 1 by
     #    number gives a pass with no drafts a decode step's shape, for compiled models.)
-    logits = target(tokens[None, length - 1 : length + n], past_key_values=cache, use_cache=True,
-                    logits_to_keep=n + 1).logits[0]
+    #    A drafter that reads the target's features gets them from this same pass.
+    reads_features = getattr(drafter, "reads_target_features", False)
+    verified = target(tokens[None, length - 1 : length + n], past_key_values=cache, use_cache=True,
+                      logits_to_keep=n + 1, output_hidden_states=reads_features)
+    logits = verified.logits[0]
     t2 = now()
 
     # 3. Accept: the longest agreeing prefix, then the target's own token (the
@@ -134,7 +137,10 @@ def speculative_step(
 
     # 4. Roll back: the target cache read all n drafts; keep only the accepted ones.
     rollback(cache, new_length - 1)
-    drafter.update(tokens[:new_length], num_accepted)
+    if reads_features:  # the features of the positions the cache keeps: the last token and the accepted drafts
+        drafter.update(tokens[:new_length], num_accepted, verified.hidden_states[-1][0, : num_accepted + 1])
+    else:
+        drafter.update(tokens[:new_length], num_accepted)
 
     stats.iterations += 1
     stats.target_forward_calls += 1
@@ -213,7 +219,11 @@ def speculative_generate(
     if length > 1 and max_new_tokens > 0:
         # Prefill all but the last prompt token: the first verification pass reads that one.
         t0 = now()
-        target(prompt[None, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        reads_features = getattr(drafter, "reads_target_features", False)
+        prefill = target(prompt[None, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1,
+                         output_hidden_states=reads_features)
+        if reads_features:
+            drafter.update(prompt, 0, prefill.hidden_states[-1][0])
         stats.prefill_seconds = now() - t0
         stats.target_forward_calls += 1
 

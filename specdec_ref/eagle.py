@@ -1,0 +1,315 @@
+"""EAGLE-style drafting: a one-layer head that drafts from the target's own features.
+
+A separate small draft model has to learn the language to guess the target's next token.
+EAGLE (Li et al. 2024, arXiv:2401.15077) gives the draft the target's last hidden state
+instead: the feature f_t after the final norm, from which the target's LM head reads its
+next-token distribution. One decoder layer takes concat(embedding(x_{t+1}), f_t) through a
+2d -> d linear layer and predicts f_{t+1}; the target's LM head turns that into a draft
+token; drafting continues on the head's own predicted features. The target computes the
+features anyway in its verification pass, so they cost no extra forward: a drafter that
+sets ``reads_target_features = True`` receives them in ``update``.
+
+The head reuses the target's embedding and LM head and adds one layer (about 4M parameters
+for SmolLM2-135M). A draft vocabulary (the N most frequent target tokens, as EAGLE-3 and
+FR-Spec do) shrinks the LM head the draft reads at every step: SmolLM2's is a 49,152 x 576
+matrix, a fifth of the whole model. The weight names and the layout (embedding first in the
+concatenation, no input norm in the layer, no final norm) are those of vLLM's ``eagle``
+method for Llama (``EagleLlamaForCausalLM``).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .drafters import Proposal
+from .inputs import check_context
+from .sampling import Sampler
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    """Shapes of the head; :meth:`for_target` copies the target's."""
+
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+
+    @classmethod
+    def for_target(cls, config) -> "EagleConfig":
+        rope = getattr(config, "rope_parameters", None) or {}
+        return cls(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+                   config.intermediate_size, rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)),
+                   config.rms_norm_eps)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(size)), eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary position embedding (Llama's half-split convention); x: [B, H, T, D], positions: [T]."""
+    half = x.shape[-1] // 2
+    freqs = theta ** (-torch.arange(half, dtype=torch.float32, device=x.device) / half)
+    angles = positions.float()[:, None] * freqs[None]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention; returns the output and this call's (keys, values) for a cache."""
+
+    def __init__(self, c: EagleConfig) -> None:
+        super().__init__()
+        self.c = c
+        d, kv = c.hidden_size, c.num_key_value_heads * c.head_dim
+        self.q_proj, self.k_proj = nn.Linear(d, d, bias=False), nn.Linear(d, kv, bias=False)
+        self.v_proj, self.o_proj = nn.Linear(d, kv, bias=False), nn.Linear(d, d, bias=False)
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        c, (b, t, _) = self.c, x.shape
+        q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        return rotate(q, positions, c.rope_theta), rotate(k, positions, c.rope_theta), v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``mask``: [T_q, T_k] booleans, True where a query may read a key."""
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        b, _, t, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.c.hidden_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: EagleConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    """A Llama decoder layer without its input norm (the fc output goes straight in)."""
+
+    def __init__(self, c: EagleConfig) -> None:
+        super().__init__()
+        self.self_attn, self.mlp = Attention(c), MLP(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+
+class EagleHead(nn.Module):
+    """fc(concat(embedding of x_{t+1}, f_t)) -> one decoder layer -> predicted f_{t+1}.
+
+    The embedding and LM head are the target's and live outside the head, so the saved
+    head is only ``fc`` and ``layers.0``.
+    """
+
+    def __init__(self, config: EagleConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
+        self.layers = nn.ModuleList([Layer(config)])
+
+    def forward(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                past: tuple[torch.Tensor, torch.Tensor] | None = None,
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Predicted next features [B, T, d] for inputs at ``positions`` (consecutive, after
+        ``past``'s), and this call's keys and values for the caller's cache."""
+        x = self.fc(torch.cat([embeds, features], dim=-1))
+        layer = self.layers[0]
+        q, k, v = layer.self_attn.project(x, positions)
+        keys = k if past is None else torch.cat([past[0], k], dim=2)
+        values = v if past is None else torch.cat([past[1], v], dim=2)
+        mask = causal_mask(q.shape[2], keys.shape[2], q.device)
+        h = x + layer.self_attn.attend(q, keys, values, mask)
+        return h + layer.mlp(layer.post_attention_layernorm(h)), (k, v)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def causal_mask(num_queries: int, num_keys: int, device=None) -> torch.Tensor:
+    """Queries are the last ``num_queries`` of ``num_keys`` positions; each reads itself and earlier."""
+    q = torch.arange(num_keys - num_queries, num_keys, device=device)
+    return torch.arange(num_keys, device=device)[None, :] <= q[:, None]
+
+
+class EagleDrafter:
+    """Drafts with an :class:`EagleHead` on the target's features (see the module docstring).
+
+    ``draft_vocab``: the target ids the head may propose (sorted or not), or ``None`` for
+    the whole vocabulary. The head's LM head is the target's, cut to those rows.
+    ``min_confidence`` ends a draft after a token the head gives less than that probability.
+
+    The head keeps its own cache: entry i was computed from (x_{i+1}, f_i). Entries from
+    the target's features are kept; those from predicted features (the drafts) are rolled
+    back after each verification and recomputed from the target's real features.
+    """
+
+    reads_target_features = True
+
+    def __init__(self, head: EagleHead, target: nn.Module, draft_vocab: torch.LongTensor | None = None,
+                 min_confidence: float | None = None) -> None:
+        from .drafters import check_min_confidence
+
+        check_min_confidence(min_confidence)
+        self.head, self.target = head, target
+        self.embed = target.get_input_embeddings()
+        lm_weight = target.get_output_embeddings().weight
+        self.draft_vocab = None if draft_vocab is None else draft_vocab.to(lm_weight.device)
+        self.lm_weight = lm_weight if draft_vocab is None else lm_weight[self.draft_vocab].detach().clone()
+        self.vocab_size = lm_weight.shape[0]
+        self.min_confidence = min_confidence
+        self.start(torch.zeros(1, dtype=torch.long), 0)
+
+    def start(self, prompt: torch.LongTensor, max_new_tokens: int) -> None:
+        if max_new_tokens:
+            check_context(self.target, prompt.numel() + max_new_tokens, "target")
+        self.keys = self.values = None     # the head's cache: [1, kv heads, cached, head dim]
+        self.cached = 0                     # head entries computed from real features
+        self.features: list[torch.Tensor] = []   # target features not yet read by the head
+
+    def update(self, tokens: torch.LongTensor, num_accepted: int, features: torch.Tensor | None = None) -> None:
+        """``features``: the target's last hidden states [m, d] for the positions its cache
+        gained since the last call (the prefill's, or the accepted ones of a verification)."""
+        if self.keys is not None:  # drop the draft entries: they came from predicted features
+            self.keys, self.values = self.keys[:, :, : self.cached], self.values[:, :, : self.cached]
+        if features is not None and features.numel():
+            self.features.append(features)
+
+    def propose(self, tokens: torch.LongTensor, max_tokens: int, sampler: Sampler) -> Proposal:
+        dtype = self.lm_weight.dtype
+        pending = torch.cat(self.features) if self.features else None
+        known = self.cached + (0 if pending is None else pending.shape[0])
+        if known != tokens.numel() - 1:
+            raise RuntimeError(f"EagleDrafter has target features for {known} positions of {tokens.numel()}; "
+                               "it needs one for every position but the last (pass features to update)")
+        if pending is None or max_tokens == 0:  # a one-token prompt: no feature yet, nothing to draft from
+            return Proposal(tokens.new_empty(0))
+        self.features = []
+        ids = tokens[self.cached + 1:].to(self.embed.weight.device)
+        features = pending.to(dtype)[None]
+        position = self.cached
+        drafts, probs = [], []
+        for step in range(max_tokens):
+            positions = torch.arange(position, position + ids.numel(), device=features.device)
+            past = None if self.keys is None else (self.keys, self.values)
+            predicted, (k, v) = self.head(self.embed(ids)[None].to(dtype), features, positions, past)
+            self.keys = k if past is None else torch.cat([self.keys, k], 2)
+            self.values = v if past is None else torch.cat([self.values, v], 2)
+            if step == 0:
+                self.cached += ids.numel()
+            position += ids.numel()
+            logits = predicted[0, -1] @ self.lm_weight.T
+            token, q = self.choose(logits, sampler)
+            drafts.append(token)
+            if q is not None:
+                probs.append(q)
+            if self.min_confidence is not None and step + 1 < max_tokens:
+                confidence = (torch.softmax(logits.float(), -1)[self.index_of(token)] if q is None
+                              else q[token])
+                if confidence < self.min_confidence:
+                    break
+            ids, features = token.view(1), predicted[:, -1:]
+        return Proposal(torch.stack(drafts).to(tokens.device), torch.stack(probs) if probs else None,
+                        forward_calls=len(drafts))
+
+    def choose(self, logits: torch.Tensor, sampler: Sampler) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The draft token (a target id) and, when sampling, q over the full target vocabulary."""
+        if sampler.greedy:
+            best = logits.argmax()
+            return (best if self.draft_vocab is None else self.draft_vocab[best]), None
+        if self.draft_vocab is not None:
+            full = logits.new_full((self.vocab_size,), float("-inf"))
+            logits = full.index_copy(0, self.draft_vocab, logits)
+        q = sampler.probs(logits)
+        return sampler.sample(q), q
+
+    def rewind(self, positions: int) -> None:
+        """Forget the head's entries from ``positions`` on; their features must be passed again."""
+        self.cached = min(self.cached, positions)
+        if self.keys is not None:
+            self.keys, self.values = self.keys[:, :, :positions], self.values[:, :, :positions]
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes one draft step reads: the head, its LM head rows and one embedding row."""
+        head = sum(p.numel() * p.element_size() for p in self.head.parameters())
+        row = self.embed.weight[0]
+        return float(head + self.lm_weight.numel() * self.lm_weight.element_size() + row.numel() * row.element_size())
+
+    def index_of(self, token: torch.Tensor) -> torch.Tensor:
+        return token if self.draft_vocab is None else (self.draft_vocab == token).nonzero()[0, 0]
+
+
+# --- saving and loading -------------------------------------------------------------------
+
+CONFIG_NAME, WEIGHTS_NAME, VOCAB_NAME = "config.json", "model.safetensors", "draft_vocab.json"
+
+
+def save_head(head: EagleHead, folder: Path, draft_vocab: torch.LongTensor | None, target_config,
+              record: dict | None = None) -> None:
+    """bfloat16 weights in vLLM's EAGLE-Llama names, a ``config.json`` vLLM can read (the
+    target's with one layer and the EAGLE architecture), and the draft vocabulary."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in head.state_dict().items()}
+    save_file(state, folder / WEIGHTS_NAME, metadata={"format": "pt"})
+    config = target_config.to_dict()
+    for key in ("_name_or_path", "quantization_config", "transformers_version", "dtype", "torch_dtype"):
+        config.pop(key, None)
+    config.update(architectures=["EagleLlamaForCausalLM"], num_hidden_layers=1,
+                  specdec_eagle=asdict(head.config) | {"record": record or {}})
+    (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+    vocab = None if draft_vocab is None else draft_vocab.tolist()
+    (folder / VOCAB_NAME).write_text(json.dumps(vocab) + "\n")
+
+
+def load_head(folder: str | Path, dtype: torch.dtype = torch.float32) -> tuple[EagleHead, torch.LongTensor | None]:
+    """The head saved by :func:`save_head` and its draft vocabulary (``None``: all tokens)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    config = json.loads((folder / CONFIG_NAME).read_text())["specdec_eagle"]
+    config.pop("record", None)
+    head = EagleHead(EagleConfig(**config))
+    head.load_state_dict(load_file(folder / WEIGHTS_NAME))
+    vocab = json.loads((folder / VOCAB_NAME).read_text())
+    return head.to(dtype).eval(), None if vocab is None else torch.tensor(vocab, dtype=torch.long)
+
+
+def init_head(config: EagleConfig, seed: int = 0) -> EagleHead:
+    """A fresh head: small random weights, the fc layer biased to pass the feature through
+    (so an untrained head already predicts "the next feature is like this one")."""
+    torch.manual_seed(seed)
+    head = EagleHead(config)
+    for name, p in head.named_parameters():
+        if p.dim() == 2:
+            nn.init.normal_(p, std=0.02 / math.sqrt(2) if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02)
+    d = config.hidden_size
+    with torch.no_grad():
+        head.fc.weight[:, d:] += torch.eye(d)
+    return head

@@ -1,0 +1,389 @@
+"""Train ``zoo:smollm2-eagle``: an EAGLE-style draft head that reads SmolLM2's own features.
+
+    python -m specdec_ref.zoo.eagle --out zoo --budget full
+
+EAGLE (Li et al. 2024, arXiv:2401.15077) drafts from the target's last hidden state
+instead of from tokens alone: one decoder layer takes (feature at t, embedding of token
+t+1), predicts the feature at t+1, and the target's own LM head turns that into a draft
+token. The head does not have to learn the language; it learns one more layer's worth
+of the target. The architecture lives in ``specdec_ref.eagle``; this file builds it.
+
+Stages (each resumes where it stopped):
+  1. continuations  SmolLM2's greedy, then sampled (T = 0.8), continuations of the
+                    training prompts of ``distill.prompts`` (prose, chat, code), as token
+                    ids, one file per batch in ``zoo/data/smollm2-continuations/``.
+                    They are committed, so the data set grows across sessions: a rerun
+                    generates only what its budget adds.
+  2. features       one batched SmolLM2 prefill per chunk of sequences gives the feature
+                    (last hidden state, after the final norm) at every position, and the
+                    target's greedy token after it; kept in ``--work``, never committed.
+  3. head           trained with smooth-L1 on the next feature plus cross-entropy on the
+                    target's next token, over two steps: the second step drafts from the
+                    first step's predicted features, as drafting does (EAGLE-3's
+                    "training-time test"). Held-out agreement is measured as it trains.
+  4. save           bfloat16 weights (the head only: embedding and LM head are SmolLM2's),
+                    the draft vocabulary, a vLLM-loadable copy, checksums in manifest.json.
+
+Budgets are wall-clock minutes (``full``) or counts (``tiny``, for the test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from specdec_ref.eagle import EagleHead
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "zoo" / "data" / "smollm2-continuations"
+
+
+@dataclass(frozen=True)
+class Budget:
+    gen_batch: int
+    new_tokens: int
+    greedy_batches: int | None     # None: every training prompt once, within greedy_minutes
+    greedy_minutes: float
+    sampled_batches: int | None    # None: until sampled_minutes
+    sampled_minutes: float
+    code_prompts: int | None
+    draft_vocab: int
+    steps: int | None              # None: until train_minutes
+    train_minutes: float
+    batch_tokens: int
+    lr: float = 3e-3
+    ce_weight: float = 1.0
+
+
+BUDGETS = {
+    "tiny": Budget(gen_batch=4, new_tokens=6, greedy_batches=1, greedy_minutes=0, sampled_batches=1,
+                   sampled_minutes=0, code_prompts=8, draft_vocab=512, steps=4, train_minutes=0,
+                   batch_tokens=256),
+    "full": Budget(gen_batch=64, new_tokens=128, greedy_batches=None, greedy_minutes=25,
+                   sampled_batches=None, sampled_minutes=15, code_prompts=1200, draft_vocab=8192,
+                   steps=None, train_minutes=30, batch_tokens=4096),
+}
+
+
+def training_prompts(tokenizer, code_limit: int | None, seed: int = 0) -> list[str]:
+    """The distilled draft's training prompts, kinds interleaved so every batch mixes them."""
+    from specdec_ref.zoo.distill import KINDS, interleave, prompts
+
+    train = prompts(tokenizer, "train", code_limit=code_limit, seed=seed)
+    mixed = [text for _, text in interleave(train)]
+    return mixed + [p for k in KINDS for p in train[k][min(len(v) for v in train.values()):]]
+
+
+@torch.no_grad()
+def continuation_batch(target, tokenizer, texts: list[str], new_tokens: int, seed: int | None) -> dict:
+    """SmolLM2's continuations of ``texts`` (greedy when ``seed`` is None, else sampled at
+    T = 0.8) as a flat uint16 array of prompt + continuation ids, cut after EOS."""
+    enc = tokenizer(texts, add_special_tokens=False, return_tensors="pt", padding=True, padding_side="left")
+    if seed is not None:
+        torch.manual_seed(seed)
+    out = target.generate(**enc, max_new_tokens=new_tokens, do_sample=seed is not None,
+                          temperature=0.8 if seed is not None else None, top_k=0 if seed is not None else None,
+                          top_p=1.0 if seed is not None else None, pad_token_id=tokenizer.pad_token_id)
+    eos = target.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
+    width = enc.input_ids.shape[1]
+    sequences, prompt_lens = [], []
+    for row, mask in zip(out, enc.attention_mask):
+        new = row[width:].tolist()
+        n = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
+        prompt = row[:width][mask.bool()].tolist()
+        sequences.append(prompt + new[:n])
+        prompt_lens.append(len(prompt))
+    lengths = [len(s) for s in sequences]
+    return {"ids": np.array([t for s in sequences for t in s], dtype=np.uint16),
+            "lengths": np.array(lengths, dtype=np.int32), "prompt_lens": np.array(prompt_lens, dtype=np.int32)}
+
+
+def generate_continuations(target, tokenizer, texts: list[str], folder: Path, kind: str,
+                           batches: int | None, minutes: float, budget: Budget) -> None:
+    """``kind``-NNNNN.npz files in ``folder``, continuing after the ones already there.
+    Greedy batches walk the prompts once; sampled batches cycle through them."""
+    from specdec_ref.zoo.train import budgeted, training_autocast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    done = len(list(folder.glob(f"{kind}-*.npz")))
+    total = -(-len(texts) // budget.gen_batch)
+    if kind == "greedy":
+        batches = min(batches, total - done) if batches is not None else total - done
+    if batches is not None and batches <= 0:
+        return
+    with training_autocast():
+        for i in budgeted(batches, minutes, kind):
+            index = done + i
+            if kind == "greedy" and index >= total:
+                break
+            start = index * budget.gen_batch
+            chunk = [texts[(start + j) % len(texts)] for j in range(budget.gen_batch)]
+            seed = None if kind == "greedy" else 1_000 + index
+            record = continuation_batch(target, tokenizer, chunk, budget.new_tokens, seed)
+            np.savez(folder / f"{kind}-{index:05d}.npz", **record)
+
+
+def load_continuations(folder: Path) -> list[tuple[np.ndarray, int]]:
+    """Every stored sequence as (ids, prompt length), in file order."""
+    out = []
+    for path in sorted(folder.glob("*.npz")):
+        rec = np.load(path)
+        ends = np.cumsum(rec["lengths"])
+        for end, length, prompt_len in zip(ends, rec["lengths"], rec["prompt_lens"]):
+            out.append((rec["ids"][end - length:end].astype(np.int64), int(prompt_len)))
+    return out
+
+
+@dataclass
+class Features:
+    """Training sequences with the target's features: ``ids`` [T], ``features`` [T, d]
+    (bfloat16) and ``labels`` [T], the target's greedy token after each position."""
+
+    ids: torch.Tensor
+    features: torch.Tensor
+    labels: torch.Tensor
+
+
+@torch.no_grad()
+def target_features(target, sequences: list[torch.Tensor], batch_tokens: int = 8192) -> list[Features]:
+    """One batched prefill per chunk of similar-length sequences (right-padded: causal
+    attention never lets a position read the padding after it)."""
+    from specdec_ref.zoo.train import training_autocast
+
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    out: dict[int, Features] = {}
+    i = 0
+    while i < len(order):
+        width = len(sequences[order[min(len(order) - 1, i)]])
+        chunk = order[i:i + max(1, batch_tokens // max(width, 1))]
+        width = max(len(sequences[j]) for j in chunk)
+        batch = torch.zeros(len(chunk), width, dtype=torch.long)
+        for row, j in enumerate(chunk):
+            batch[row, :len(sequences[j])] = sequences[j]
+        with training_autocast():
+            hidden = target.model(batch).last_hidden_state
+            labels = target.lm_head(hidden).argmax(-1)
+        for row, j in enumerate(chunk):
+            n = len(sequences[j])
+            out[j] = Features(sequences[j], hidden[row, :n].to(torch.bfloat16).clone(), labels[row, :n].clone())
+        i += len(chunk)
+    return [out[j] for j in range(len(sequences))]
+
+
+def frequent_tokens(data: list[Features], size: int, vocab_size: int) -> torch.LongTensor:
+    """The ``size`` target tokens that are most often the target's next token in ``data``."""
+    counts = torch.bincount(torch.cat([d.labels for d in data]), minlength=vocab_size)
+    return counts.topk(min(size, vocab_size)).indices.sort().values
+
+
+def head_losses(head: EagleHead, embed: torch.nn.Module, lm_weight: torch.Tensor, to_draft: torch.Tensor,
+                seq: Features, ce_weight: float = 0.1) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """Two drafting steps over one sequence; returns the loss and, per step, (correct, counted).
+
+    Step 1 reads the target's feature f_i with token x_{i+1} and predicts f_{i+1}. Step 2
+    reads step 1's prediction instead, as the second draft does: its query attends to the
+    real entries before it and to its own, never to real features of its own position.
+    ``to_draft`` maps a target id to its draft-vocabulary index (-1: not in it)."""
+    ids, feats, labels = seq.ids, seq.features.float(), seq.labels
+    t = ids.numel() - 1
+    emb = embed(ids[1:])[None].float()
+    positions = torch.arange(t)
+    pred1, (k1, v1) = head(emb, feats[None, :t], positions)
+    # step 2: position i reads (x_{i+1}, predicted f_i from step 1 at i - 1)
+    layer = head.layers[0]
+    x2 = head.fc(torch.cat([emb[:, 1:], pred1[:, :-1]], -1))
+    q2, k2, v2 = layer.self_attn.project(x2, positions[1:])
+    real = torch.arange(t)[None, :] < torch.arange(1, t)[:, None]
+    own = torch.eye(t - 1, dtype=torch.bool)
+    keys, values = torch.cat([k1, k2], 2), torch.cat([v1, v2], 2)
+    h2 = x2 + layer.self_attn.attend(q2, keys, values, torch.cat([real, own], 1))
+    pred2 = h2 + layer.mlp(layer.post_attention_layernorm(h2))
+    loss, stats = 0.0, []
+    for pred, first in ((pred1[0], 0), (pred2[0], 1)):
+        true_next = feats[first + 1:t + 1]
+        target_ids = to_draft[labels[first + 1:t + 1]]
+        logits = pred @ lm_weight.T
+        ce = F.cross_entropy(logits.float(), target_ids.clamp_min(0), reduction="none")
+        valid = target_ids >= 0
+        loss = loss + F.smooth_l1_loss(pred.float(), true_next) + ce_weight * (ce * valid).sum() / valid.sum().clamp_min(1)
+        stats.append((int(((logits.argmax(-1) == target_ids) & valid).sum()), t - first))
+    return loss, stats
+
+
+@torch.no_grad()
+def agreement(head: EagleHead, embed, lm_weight, to_draft, data: list[Features]) -> tuple[float, float]:
+    """Held-out share of positions where the head's first and second draft would be accepted
+    greedily given a correct prefix (the target's own token)."""
+    head.eval()
+    totals = [[0, 0], [0, 0]]
+    for seq in data:
+        _, stats = head_losses(head, embed, lm_weight, to_draft, seq)
+        for total, (right, n) in zip(totals, stats):
+            total[0] += right
+            total[1] += n
+    head.train()
+    return tuple(round(r / max(n, 1), 3) for r, n in totals)
+
+
+def train_head(head: EagleHead, target, data: list[Features], heldout: dict[str, list[Features]],
+               to_draft: torch.Tensor, lm_weight: torch.Tensor, budget: Budget, ckpt: Path,
+               seed: int = 0, eval_every_tokens: int = 200_000) -> dict:
+    """AdamW with warmup and cosine decay, batches of whole sequences up to ``batch_tokens``;
+    held-out agreement measured every ``eval_every_tokens`` (the learning curve);
+    checkpoints every 5 minutes, so a stopped run resumes."""
+    from specdec_ref.zoo.train import training_autocast
+
+    embed = target.get_input_embeddings()
+    opt = torch.optim.AdamW(head.parameters(), lr=budget.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    state = {"step": 0, "elapsed": 0.0, "tokens": 0, "curve": [], "losses": []}
+    if ckpt.exists():
+        saved = torch.load(ckpt, weights_only=False)
+        head.load_state_dict(saved.pop("head"))
+        opt.load_state_dict(saved.pop("opt"))
+        state = saved
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(data), generator=gen).tolist()
+
+    def progress() -> float:
+        return state["step"] / budget.steps if budget.steps else state["elapsed"] / (60 * budget.train_minutes)
+
+    def evaluate() -> None:
+        point = {"tokens": state["tokens"]}
+        for kind, seqs in heldout.items():
+            point[kind] = agreement(head, embed, lm_weight, to_draft, seqs)
+        state["curve"].append(point)
+        print(json.dumps(point), flush=True)
+
+    head.train()
+    start, last_ckpt, next_eval = time.time() - state["elapsed"], time.time(), state["tokens"]
+    while progress() < 1:
+        if state["tokens"] >= next_eval:
+            evaluate()
+            next_eval += eval_every_tokens
+        cos = 0.5 * (1 + np.cos(np.pi * min(progress(), 1.0)))
+        for g in opt.param_groups:
+            g["lr"] = budget.lr * min(1.0, (state["step"] + 1) / 50) * (0.1 + 0.9 * cos)
+        batch, size = [], 0
+        while size < budget.batch_tokens:
+            seq = data[order[(state["step"] * 7919 + len(batch) + size) % len(order)]]
+            batch.append(seq)
+            size += seq.ids.numel()
+        with training_autocast():
+            loss = sum(head_losses(head, embed, lm_weight, to_draft, seq, budget.ce_weight)[0] * seq.ids.numel()
+                       for seq in batch) / size
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        opt.step()
+        state["step"] += 1
+        state["tokens"] += size
+        state["losses"].append(round(loss.item(), 4))
+        state["elapsed"] = time.time() - start
+        if time.time() - last_ckpt > 300:
+            ckpt.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({**state, "head": head.state_dict(), "opt": opt.state_dict()}, ckpt)
+            last_ckpt = time.time()
+        if state["step"] % 20 == 0:
+            print(f"step {state['step']} tokens {state['tokens']} loss {np.mean(state['losses'][-20:]):.3f} "
+                  f"{state['tokens'] / state['elapsed']:.0f} tok/s", flush=True)
+    evaluate()
+    head.eval()
+    return {"steps": state["step"], "tokens": state["tokens"], "minutes": round(state["elapsed"] / 60, 1),
+            "final_loss": float(np.mean(state["losses"][-20:])), "curve": state["curve"]}
+
+
+def heldout_features(target, tokenizer, per_kind: int, new_tokens: int) -> dict[str, list[Features]]:
+    """Features of SmolLM2's greedy continuations of held-out prompts (no topic, task or
+    source file shared with training), by kind: what the learning curve is measured on."""
+    from specdec_ref.zoo.distill import heldout_prompts
+
+    out = {}
+    for kind, texts in heldout_prompts(tokenizer, per_kind=per_kind).items():
+        rec = continuation_batch(target, tokenizer, texts, new_tokens, None)
+        ends = np.cumsum(rec["lengths"])
+        seqs = [torch.from_numpy(rec["ids"][e - n:e].astype(np.int64)) for e, n in zip(ends, rec["lengths"])]
+        out[kind] = target_features(target, seqs)
+    return out
+
+
+def save(head: EagleHead, vocab: torch.LongTensor, target_config, out: Path, record: dict) -> None:
+    """The head in ``out/smollm2-eagle``, its checksums and record merged into ``out/manifest.json``."""
+    from specdec_ref.eagle import save_head
+    from specdec_ref.zoo import sha256_file
+
+    folder = out / "smollm2-eagle"
+    save_head(head, folder, vocab, target_config, record)
+    manifest_path = out / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"files": {}}
+    manifest["files"] = {k: v for k, v in manifest["files"].items() if not k.startswith("smollm2-eagle/")}
+    manifest["files"].update({p.relative_to(out).as_posix(): sha256_file(p)
+                              for p in sorted(folder.iterdir()) if p.is_file()})
+    manifest["smollm2_eagle"] = record
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DIR, seed: int = 0) -> dict:
+    """Every stage; returns the record written to the manifest."""
+    from specdec_ref.eagle import EagleConfig, init_head
+    from specdec_ref.zoo import load
+    from specdec_ref.zoo.train import native_bf16
+
+    budget = BUDGETS[budget_name]
+    target, tokenizer = load("zoo:smollm2", dtype=torch.bfloat16 if native_bf16() else torch.float32)
+    texts = training_prompts(tokenizer, budget.code_prompts, seed)
+    generate_continuations(target, tokenizer, texts, data, "greedy", budget.greedy_batches,
+                           budget.greedy_minutes, budget)
+    generate_continuations(target, tokenizer, texts, data, "sampled", budget.sampled_batches,
+                           budget.sampled_minutes, budget)
+    stored = load_continuations(data)
+    t0 = time.time()
+    train_data = target_features(target, [torch.from_numpy(ids) for ids, _ in stored])
+    tiny = budget_name == "tiny"
+    heldout = heldout_features(target, tokenizer, per_kind=2 if tiny else 8, new_tokens=8 if tiny else 64)
+    feature_seconds = time.time() - t0
+    target.float()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    vocab = frequent_tokens(train_data, budget.draft_vocab, target.config.vocab_size)
+    to_draft = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
+    to_draft[vocab] = torch.arange(vocab.numel())
+    labels = torch.cat([d.labels for d in train_data])
+    head = init_head(EagleConfig.for_target(target.config), seed)
+    fit = train_head(head, target, train_data, heldout, to_draft, target.lm_head.weight[vocab].detach(), budget,
+                     work / "eagle-head.ckpt", seed, eval_every_tokens=1 if tiny else 400_000)
+    record = {
+        "budget": budget_name, "seed": seed, "parameters": head.num_parameters,
+        "data": {"sequences": len(stored), "tokens": int(labels.numel()),
+                 "continuation_tokens": int(sum(len(ids) - n for ids, n in stored)),
+                 "files": len(list(data.glob("*.npz"))), "feature_seconds": round(feature_seconds)},
+        "draft_vocab": {"size": int(vocab.numel()),
+                        "coverage": round((to_draft[labels] >= 0).float().mean().item(), 4)},
+        "loss": {"smooth_l1_features": 1.0, "cross_entropy": budget.ce_weight, "steps_unrolled": 2},
+        "train": fit | {"precision": "bf16 autocast" if native_bf16() else "float32"},
+    }
+    save(head, vocab, target.config, out, record)
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("zoo"), help="zoo folder to write smollm2-eagle into")
+    parser.add_argument("--work", type=Path, default=Path.home() / ".cache" / "specdec" / "eagle",
+                        help="where the training checkpoint is kept (a rerun resumes)")
+    parser.add_argument("--data", type=Path, default=DATA_DIR,
+                        help="where SmolLM2's continuations are stored (committed; a rerun adds to them)")
+    parser.add_argument("--budget", choices=sorted(BUDGETS), default="full", help="time or step budget")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    print(json.dumps(build(args.out, args.work, args.budget, args.data, args.seed), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""EAGLE drafting: a head that reads the target's features, in the one speculative loop.
+
+The head is trained here for a few seconds on a tiny random target's own greedy outputs. A
+random target's function cannot be learned from so little, so the head is accepted on the
+sequences it was trained on (prompts are their prefixes) and rejected beyond them: every
+acceptance length, and so every rollback, runs.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from factories import build, prompt
+from specdec_ref import Sampler, speculative_generate
+from specdec_ref.eagle import EagleConfig, EagleDrafter, init_head, load_head, save_head
+from specdec_ref.zoo import eagle as recipe
+from test_sampling_exactness import PROMPT, VOCAB, chi_square_pvalue, exact_joint, sample_counts
+
+EOS = 2
+
+
+def greedy_reference(target, ids, max_new_tokens, eos=None):
+    return target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                           do_sample=False, pad_token_id=0, eos_token_id=eos if eos is not None else [])
+
+
+def trained_head(target, ckpt: Path, sequences: list[torch.Tensor], seed: int = 0, steps: int = 300):
+    """A head fitted on ``sequences`` (the target's own greedy continuations)."""
+    data = recipe.target_features(target, sequences)
+    vocab_size = target.config.vocab_size
+    to_draft = torch.arange(vocab_size)
+    budget = recipe.Budget(gen_batch=1, new_tokens=1, greedy_batches=0, greedy_minutes=0, sampled_batches=0,
+                           sampled_minutes=0, code_prompts=0, draft_vocab=vocab_size, steps=steps,
+                           train_minutes=0, batch_tokens=256, lr=1e-2)
+    head = init_head(EagleConfig.for_target(target.config), seed)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    record = recipe.train_head(head, target, data, {"train": data[:4]}, to_draft,
+                               target.get_output_embeddings().weight.detach(), budget,
+                               ckpt, eval_every_tokens=10**9)
+    return head, record
+
+
+@pytest.fixture(scope="module")
+def target_and_head(tmp_path_factory):
+    target = build("llama", 64, 2, seed=7)
+    sequences = [greedy_reference(target, prompt(6, seed=100 + i), 40)[0] for i in range(24)]
+    head, record = trained_head(target, tmp_path_factory.mktemp("eagle") / "ckpt", sequences)
+    return target, head, record, sequences
+
+
+class Recording(EagleDrafter):
+    """Records every feature handed over, and checks after each verification that the
+    incrementally kept head cache equals one rebuilt from scratch on the same sequence."""
+
+    def start(self, prompt, max_new_tokens):
+        super().start(prompt, max_new_tokens)
+        self.received: list[torch.Tensor] = []
+        self.iterations_checked = 0
+
+    def update(self, tokens, num_accepted, features=None):
+        super().update(tokens, num_accepted, features)
+        if features is not None:
+            self.received.append(features.clone())
+
+    def propose(self, tokens, max_tokens, sampler):
+        proposal = super().propose(tokens, max_tokens, sampler)
+        if self.cached and max_tokens and sampler.greedy:
+            fresh = EagleDrafter(self.head, self.target, self.draft_vocab)
+            fresh.start(tokens, 0)
+            fresh.update(tokens, 0, torch.cat(self.received))
+            again = fresh.propose(tokens, max_tokens, sampler)
+            assert torch.equal(again.tokens, proposal.tokens), "incremental drafts differ from a fresh drafter's"
+            assert torch.allclose(fresh.keys, self.keys, atol=1e-5), "the head cache was not rolled back"
+            self.iterations_checked += 1
+        return proposal
+
+
+def test_training_learns_the_target(target_and_head):
+    record = target_and_head[2]
+    first, last = record["curve"][0]["train"], record["curve"][-1]["train"]
+    assert last[0] > max(0.5, first[0] + 0.3), record["curve"]  # depth-1 agreement
+    assert last[1] > first[1]  # depth 2, drafted from its own predicted feature
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("prompt_len", [1, 2, 12])
+def test_greedy_identity_feature_handoff_and_rollback(target_and_head, k, prompt_len):
+    target, head, _, sequences = target_and_head
+    ids = sequences[prompt_len][None, :prompt_len]
+    expected = greedy_reference(target, ids, 40)
+    drafter = Recording(head, target)
+    out = speculative_generate(target, drafter, ids, max_new_tokens=40, num_draft_tokens=k, eos_token_id=[])
+    assert torch.equal(out.sequences, expected), f"k={k}, prompt of {prompt_len}"
+    # The features handed over are the target's own, one per position its cache holds, in order.
+    received = torch.cat(drafter.received)
+    full = target(out.sequences[:, :-1], output_hidden_states=True).hidden_states[-1][0]
+    assert received.shape == full.shape
+    assert torch.allclose(received, full, atol=1e-4)
+    stats = out.stats
+    assert stats.target_forward_calls == stats.iterations + (prompt_len > 1)  # no extra target pass
+    assert stats.draft_forward_calls == stats.drafted_tokens
+    assert drafter.iterations_checked >= stats.iterations - 2
+    if k > 1 and prompt_len >= 6:  # accepted along its training sequence (a 6-token prompt's), rejected past its end
+        assert stats.tokens_per_target_pass > 1.5
+        assert stats.rejections > 0
+
+
+def test_every_acceptance_length_occurs(target_and_head):
+    target, head, _, sequences = target_and_head
+    hist = torch.zeros(5, dtype=torch.long)
+    for seq in sequences[:6]:
+        out = speculative_generate(target, EagleDrafter(head, target), seq[None, :10], max_new_tokens=48,
+                                   num_draft_tokens=4, eos_token_id=[])
+        hist += torch.tensor(out.stats.accepted_histogram)
+    assert (hist > 0).all(), hist
+
+
+def test_eos_stops_exactly(target_and_head):
+    target, head, _, sequences = target_and_head
+    ids = sequences[3][None, :7]
+    free = greedy_reference(target, ids, 40)[0, ids.shape[1]:]
+    eos = int(free[len(free) // 2])  # a token the target emits mid-way
+    expected = greedy_reference(target, ids, 40, eos=eos)
+    out = speculative_generate(target, EagleDrafter(head, target), ids, max_new_tokens=40, num_draft_tokens=4,
+                               eos_token_id=eos)
+    assert torch.equal(out.sequences, expected)
+    assert out.sequences[0, -1] == eos
+
+
+def test_draft_vocabulary_restricts_drafts_and_keeps_identity(target_and_head):
+    target, head, _, sequences = target_and_head
+    ids = sequences[5][None, :8]
+    vocab = torch.arange(0, target.config.vocab_size, 2)  # even ids only
+    drafts = []
+
+    class Spy(EagleDrafter):
+        def propose(self, tokens, max_tokens, sampler):
+            proposal = super().propose(tokens, max_tokens, sampler)
+            drafts.append(proposal.tokens)
+            return proposal
+
+    out = speculative_generate(target, Spy(head, target, vocab), ids, max_new_tokens=32, num_draft_tokens=3,
+                               eos_token_id=[])
+    assert torch.equal(out.sequences, greedy_reference(target, ids, 32))
+    assert all((d % 2 == 0).all() for d in drafts) and sum(d.numel() for d in drafts) > 0
+
+
+def test_sampling_is_exact_with_the_head():
+    """The first two new tokens follow the target's warped distribution (chi-square), with
+    a draft vocabulary so q is zero on some tokens the target may emit."""
+    target = build("llama", 32, 1, seed=10, vocab=VOCAB)
+    head = init_head(EagleConfig.for_target(target.config), seed=3)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    sampler = Sampler(do_sample=True, temperature=0.9, top_k=6)
+    drafter = EagleDrafter(head, target, torch.tensor([0, 1, 3, 4, 6]))
+    counts = sample_counts(lambda g: speculative_generate(target, drafter, PROMPT, max_new_tokens=2,
+                                                          num_draft_tokens=2, do_sample=True, temperature=0.9,
+                                                          top_k=6, generator=g, eos_token_id=[]))
+    assert chi_square_pvalue(counts, exact_joint(target, sampler)) > 1e-3
+
+
+def test_save_and_load_round_trip(tmp_path, target_and_head):
+    target, head = target_and_head[:2]
+    vocab = torch.arange(0, 200)
+    save_head(head, tmp_path, vocab, target.config, {"note": "test"})
+    loaded, loaded_vocab = load_head(tmp_path)
+    assert torch.equal(loaded_vocab, vocab)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["EagleLlamaForCausalLM"] and config["num_hidden_layers"] == 1
+    names = set(loaded.state_dict())
+    assert "fc.weight" in names and "layers.0.self_attn.q_proj.weight" in names
+    for name, value in head.state_dict().items():  # stored in bfloat16
+        assert torch.equal(loaded.state_dict()[name], value.to(torch.bfloat16).float())
+
+
+def test_a_drafter_without_features_is_refused(target_and_head):
+    target, head = target_and_head[:2]
+    drafter = EagleDrafter(head, target)
+    ids = prompt(6)[0]
+    drafter.start(ids, 8)
+    with pytest.raises(RuntimeError, match="target features for 0 positions of 6"):
+        drafter.propose(ids, 3, Sampler())
