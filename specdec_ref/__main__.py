@@ -10,7 +10,9 @@ import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # demo --pair: (target, draft, what the prompts are)
-DEMO_PAIRS = {"course": ("zoo:target", "zoo:draft"), "real": ("zoo:smollm2", "zoo:smollm2-draft")}
+DEMO_PAIRS = {"course": ("zoo:target", "zoo:draft"), "real": ("zoo:smollm2", "zoo:smollm2-draft"),
+              "eagle": ("zoo:smollm2", "zoo:smollm2-eagle")}
+SHOWCASE_PROMPT = "Explain how a refrigerator keeps food cold, in a short paragraph."
 
 
 def _prompts(n: int) -> list[str]:
@@ -129,6 +131,47 @@ def _all_identical(summary: dict) -> bool:
     return all(row[v]["identical_prompts"] == summary["prompts"] for row in rows for v in ("eager", "fast"))
 
 
+def showcase(k: int, max_new_tokens: int, rounds: int = 3) -> None:
+    """A real model decoded faster: SmolLM2-135M-Instruct answers a chat question through its
+    EAGLE head, streamed as tokens are accepted; then the same generation timed against the
+    target alone, alternating, and the health check."""
+    from transformers import TextStreamer
+
+    from . import autoregressive_generate, bench, speculative_generate
+    from .timing import threads_for_timing, time_paired
+
+    pair = bench.load_pair("zoo:smollm2", "zoo:smollm2-eagle")
+    tokenizer = pair.target_tokenizer
+    text = tokenizer.apply_chat_template([{"role": "user", "content": SHOWCASE_PROMPT}], tokenize=False,
+                                         add_generation_prompt=True)
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    print(f"--- SmolLM2-135M-Instruct with its EAGLE draft head (zoo:smollm2-eagle), k={k}, greedy, "
+          f"streamed as tokens are accepted ---\nuser: {SHOWCASE_PROMPT}\nassistant: ", end="", flush=True)
+    out = speculative_generate(pair.target, pair.draft, ids, max_new_tokens=max_new_tokens, num_draft_tokens=k,
+                               streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True))
+    print("\n(SmolLM2-135M is a small model: fluent, but often wrong on facts, and it can repeat itself.)")
+    new = out.sequences.shape[1] - ids.shape[1]
+    print(threads_for_timing())
+    runs = {}
+
+    def baseline() -> None:
+        runs["base"] = autoregressive_generate(pair.target, ids, max_new_tokens=new, eos_token_id=[])
+
+    def speculative() -> None:
+        runs["spec"] = speculative_generate(pair.target, pair.draft, ids, max_new_tokens=new, num_draft_tokens=k,
+                                            eos_token_id=[])
+    timed = time_paired(baseline, speculative, warmup=1, repeats=rounds)
+    q1, q3 = timed["ratio_spread"]
+    identical = torch.equal(runs["base"].sequences, runs["spec"].sequences)
+    print(f"{new} tokens, {rounds} alternating runs each after a warm-up: target alone "
+          f"{new / timed['median_seconds_a']:.1f} tokens/s, with the EAGLE head "
+          f"{new / timed['median_seconds_b']:.1f} tokens/s: {timed['median_ratio']:.2f}x (median of paired "
+          f"ratios, IQR {q1:.2f}-{q3:.2f}); identical output: {'yes' if identical else 'NO'}")
+    print(f"health check: {runs['spec'].stats}\n")
+    if not identical:
+        sys.exit("error: speculative output differs from the target's greedy decoding")
+
+
 def demo(args: argparse.Namespace) -> None:
     from transformers import TextStreamer
 
@@ -136,14 +179,20 @@ def demo(args: argparse.Namespace) -> None:
     from .tokenizer_compat import compare_tokenizers
 
     args.min_confidence = args.min_confidence or None  # 0 skips the dynamic run
+    if args.showcase_tokens:
+        showcase(args.k, args.showcase_tokens)
 
     target_name, draft_name = DEMO_PAIRS[args.pair]
     pair = bench.load_pair(target_name, draft_name)
+    if pair.draft_model is None:  # transformers has no EAGLE, and no confidence to stop on
+        args.no_hf, args.min_confidence = True, None
     tokenizer = pair.target_tokenizer
     n_target = sum(p.numel() for p in pair.target.parameters())
-    n_draft = sum(p.numel() for p in pair.draft.parameters())
+    n_draft = (sum(p.numel() for p in pair.draft.parameters()) if pair.draft_model is not None
+               else pair.draft.head.num_parameters)
     print(f"target: {target_name}, {n_target / 1e6:.1f}M params; draft: {draft_name}, {n_draft / 1e6:.2f}M params")
-    print(compare_tokenizers(pair.target_tokenizer, pair.draft_tokenizer).verdict)
+    if pair.draft_tokenizer is not None:
+        print(compare_tokenizers(pair.target_tokenizer, pair.draft_tokenizer).verdict)
 
     prompts = _prompts(args.prompts) if args.pair == "course" else _mixed_prompts(args.prompts, tokenizer)
     print(f"\n--- speculative decoding, k={args.k}, streamed as tokens are accepted ---")
@@ -221,6 +270,10 @@ def run_bench(args: argparse.Namespace) -> None:
     if args.compile and not args.fast:
         sys.exit("error: --compile chooses the --fast path's kind; use it with --fast")
     pair = bench.load_pair(args.target, args.draft, device=args.device, dtype=DTYPES[args.dtype])
+    if pair.draft_model is None and not pair.prompt_lookup and not args.no_hf:
+        print(f"{args.draft} drafts from the target's features; transformers has no such drafter, so its "
+              "assisted generation is left out (as with --no-hf)")
+        args.no_hf = True
     if args.prompts_file:
         try:
             prompts = read_prompts_file(args.prompts_file, pair.target_tokenizer)
@@ -321,7 +374,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="stream a generation and compare baseline vs speculative on the zoo pair")
     p.add_argument("--pair", choices=sorted(DEMO_PAIRS), default="course",
                    help="course: the zoo's 23M target and its draft (fast); real: SmolLM2-135M-Instruct "
-                        "and its distilled draft (about 6x slower per token)")
+                        "and its distilled draft (about 6x slower per token); eagle: SmolLM2 and its EAGLE head")
+    p.add_argument("--showcase-tokens", type=int, default=128,
+                   help="first, SmolLM2 answering a question through its EAGLE head, streamed and timed "
+                        "against the target alone: this many new tokens (0 skips it)")
     p.add_argument("--k", type=int, default=4, help="draft tokens per iteration")
     p.add_argument("--prompts", type=int, default=12, help="number of held-out prompts for the benchmark")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt")

@@ -258,6 +258,31 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
     return summary
 
 
+def compare_drafters(target: torch.nn.Module, drafters: dict[str, object], prompts: Sequence[torch.LongTensor],
+                     max_new_tokens: int, ks: Sequence[int]) -> dict:
+    """The baseline and every drafter at every k on every prompt, greedy, EOS ignored (so every
+    run makes exactly ``max_new_tokens`` tokens). One warm-up run of each method first; then
+    prompt by prompt, the methods in one order and reversed on the next prompt, so drift in the
+    machine's load hits them alike. ``drafters`` maps a name to anything ``speculative_generate``
+    takes as its draft. Returns ``{None: runs, (name, k): runs}``, each run ``{"seconds",
+    "output"}`` in prompt order: speedups are then medians of per-prompt ratios."""
+    def generate(method, ids):
+        if method is None:
+            return autoregressive_generate(target, ids, max_new_tokens, eos_token_id=[])
+        return speculative_generate(target, drafters[method[0]], ids, max_new_tokens, method[1], eos_token_id=[])
+
+    methods = [None] + [(name, k) for name in drafters for k in ks]
+    for method in methods:
+        generate(method, prompts[0])
+    now = clock(target.device)
+    runs: dict = {method: [] for method in methods}
+    for i, ids in enumerate(prompts):
+        for method in methods if i % 2 == 0 else methods[::-1]:
+            output, seconds = _timed(lambda: generate(method, ids), now)
+            runs[method].append({"seconds": seconds, "output": output})
+    return runs
+
+
 def _acceptance_figures(total: GenerationStats) -> dict:
     """What a method's combined stats say about its drafts, for the summary."""
     return {

@@ -74,6 +74,14 @@ class GenerationStats:
         return self.new_tokens / self.iterations if self.iterations else 0.0
 
     @property
+    def acceptance_by_position(self) -> list[float]:
+        """For each draft position i = 1..k, the share of iterations that accepted draft i among
+        those that accepted every draft before it (from the histogram: exact when every
+        iteration drafts k tokens; a shorter draft counts as rejected past its end)."""
+        reached = [sum(self.accepted_histogram[i:]) for i in range(len(self.accepted_histogram))]
+        return [reached[i] / reached[i - 1] if reached[i - 1] else 0.0 for i in range(1, len(reached))]
+
+    @property
     def drafted_per_iteration(self) -> float:
         """Tokens proposed per iteration: k for a fixed draft length, less when drafts stop early."""
         return self.drafted_tokens / self.iterations if self.iterations else 0.0
@@ -94,7 +102,8 @@ class GenerationStats:
 
     def to_dict(self) -> dict:
         """A JSON-ready dict, derived figures included."""
-        derived = ("acceptance_rate", "acceptance_probability", "tokens_per_target_pass", "drafted_per_iteration",
+        derived = ("acceptance_rate", "acceptance_probability", "acceptance_by_position", "tokens_per_target_pass",
+                   "drafted_per_iteration",
                    "draft_forward_calls_per_iteration", "bookkeeping_seconds", "tokens_per_second")
         return asdict(self) | {name: getattr(self, name) for name in derived}
 

@@ -94,9 +94,11 @@ def test_demo_runs_on_the_shipped_zoo(tmp_path):
     env = os.environ | {"HF_HUB_OFFLINE": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "specdec_ref", "demo", "--prompts", "2", "--max-new-tokens", "24",
-         "--plot", str(tmp_path / "demo.png")], capture_output=True, text=True, env=env, timeout=600)
+         "--showcase-tokens", "24", "--plot", str(tmp_path / "demo.png")],
+        capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr
-    for line in ("baseline (target alone)", "speculative (specdec_ref)", "dynamic k <= 4", "transformers assisted",
+    for line in ("SmolLM2-135M-Instruct with its EAGLE draft head", "with the EAGLE head",
+                 "identical output: yes", "health check: ", "baseline (target alone)", "speculative (specdec_ref)", "dynamic k <= 4", "transformers assisted",
                  "acceptance rate", "predicted speedup", "bandwidth achieved",
                  "outputs identical to the target's greedy decoding: yes",
                  "eager vs fast on 2 prompts", "speculative k=4", "best k for the fast path = 4",
@@ -110,7 +112,7 @@ def test_demo_runs_on_the_real_pair(tmp_path):
     """demo --pair real: SmolLM2-135M-Instruct and its distilled draft, shortened."""
     result = subprocess.run(
         [sys.executable, "-m", "specdec_ref", "demo", "--pair", "real", "--prompts", "1", "--max-new-tokens", "12",
-         "--no-hf", "--min-confidence", "0", "--fast-prompts", "0", "--plot", str(tmp_path / "real.png")],
+         "--showcase-tokens", "0", "--no-hf", "--min-confidence", "0", "--fast-prompts", "0", "--plot", str(tmp_path / "real.png")],
         capture_output=True, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"}, timeout=900)
     assert result.returncode == 0, result.stderr
     assert "target: zoo:smollm2, 134.5M params; draft: zoo:smollm2-draft" in result.stdout

@@ -155,3 +155,72 @@ def test_the_example_prompts_file_renders_with_smollm2s_chat_template(real_pair)
     assert len(texts) == 6 and texts[-1] == "def is_even(n):"
     assert all(t.startswith("<|im_start|>system") and t.endswith("<|im_start|>assistant\n") for t in texts[:4])
     assert "You are a concise assistant." in texts[2]
+
+
+@pytest.mark.slow
+def test_the_eagle_recipe_runs_end_to_end(tmp_path):
+    """`python -m specdec_ref.zoo.eagle --budget tiny`: continuations stored, a head trained and
+    saved with its manifest entries; it drafts for SmolLM2 with greedy output unchanged; a rerun
+    adds continuations instead of regenerating them."""
+    from specdec_ref.eagle import EagleDrafter
+    from specdec_ref.zoo import load_eagle
+    from specdec_ref.zoo.eagle import build
+
+    out, work, data = tmp_path / "zoo", tmp_path / "work", tmp_path / "data"
+    out.mkdir()
+    (out / "manifest.json").write_text(json.dumps({"files": {"target/x": "0" * 64}}))
+    record = build(out, work, "tiny", data=data)
+    assert sorted(p.name for p in data.iterdir()) == ["greedy-00000.npz", "sampled-00000.npz"]
+    assert record["data"]["sequences"] == 8 and record["train"]["steps"] == 4
+    assert record["draft_vocab"]["size"] == 512 and 0 < record["draft_vocab"]["coverage"] <= 1
+    assert [point["tokens"] for point in record["train"]["curve"]][0] == 0  # learning curve from the start
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["files"]["target/x"] == "0" * 64 and manifest["smollm2_eagle"] == record
+    head, vocab = load_eagle(str(out / "smollm2-eagle"))
+    assert vocab.numel() == 512
+    target, tokenizer = load("zoo:smollm2")
+    ids = tokenizer("The history of the printing press", return_tensors="pt").input_ids
+    out_ids = speculative_generate(target, EagleDrafter(head, target, vocab), ids, max_new_tokens=12,
+                                   num_draft_tokens=3, eos_token_id=[])
+    assert torch.equal(out_ids.sequences, autoregressive_generate(target, ids, 12, eos_token_id=[]).sequences)
+    build(out, work / "again", "tiny", data=data)  # a second run, with its own checkpoint folder
+    assert len(list(data.iterdir())) == 4  # one more batch of each kind after those stored
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_shipped_eagle_head_speeds_up_smollm2(kind):
+    """zoo:smollm2-eagle on a held-out prompt: SmolLM2's greedy output unchanged, including at
+    EOS and from a one-token prompt, and more than 1.5 tokens per target pass at k = 4."""
+    from specdec_ref.bench import load_pair
+
+    pair = load_pair("zoo:smollm2", "zoo:smollm2-eagle")
+    text = heldout_prompts(pair.target_tokenizer, per_kind=1)[kind][0]
+    ids = pair.target_tokenizer(text, return_tensors="pt").input_ids
+    expected = autoregressive_generate(pair.target, ids, 48)  # stops at SmolLM2's EOS
+    out = speculative_generate(pair.target, pair.draft, ids, max_new_tokens=48, num_draft_tokens=4)
+    assert torch.equal(out.sequences, expected.sequences)
+    assert out.stats.tokens_per_target_pass > 1.5, out.stats
+    one = ids[:, :1]
+    assert torch.equal(speculative_generate(pair.target, pair.draft, one, max_new_tokens=16, num_draft_tokens=4).sequences,
+                       autoregressive_generate(pair.target, one, 16).sequences)
+
+
+@pytest.mark.slow
+def test_the_bench_runs_the_eagle_head_eager_and_fast():
+    """`bench --target zoo:smollm2 --draft zoo:smollm2-eagle` and its `--fast` side by side, shortened:
+    identical outputs, the head's cost measured as one draft step, its bytes those it reads."""
+    from specdec_ref import bench, roofline
+
+    pair = bench.load_pair("zoo:smollm2", "zoo:smollm2-eagle")
+    text = heldout_prompts(pair.target_tokenizer, per_kind=1)["chat"][0]
+    with pytest.raises(ValueError, match="no assisted generation for this drafter"):
+        bench.run(pair, [text], [2], 8)
+    summary = bench.run(pair, [text], [2], 8, hf_assisted=False, progress=False)
+    config = summary["configs"][0]
+    assert config["speculative_identical_outputs"] and config["tokens_per_target_pass"] > 1
+    assert 0 < summary["cost_model"]["cost_ratio"] < 0.5
+    # the head, 8,192 rows of the LM head and one embedding row: far less than a fifth of SmolLM2
+    assert summary["draft_weight_bytes"] < roofline.weight_bytes(pair.target) / 5
+    fast_summary = bench.run_fast(pair, [text], [2], 8, progress=False)
+    assert fast_summary["configs"][0]["fast"]["identical_prompts"] == 1
+    assert fast_summary["configs"][0]["eager"]["identical_prompts"] == 1

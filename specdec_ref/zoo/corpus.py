@@ -11,6 +11,7 @@ Size matters too: the library alone (9M characters) let a 23M target overfit.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 import re
@@ -157,6 +158,13 @@ def build_corpus(max_files: int | None = None, heldout_frac: float = 0.03, seed:
     return Corpus(corpus.train, corpus.heldout, digest)
 
 
+@functools.cache
+def cached_corpus() -> Corpus:
+    """The default corpus (:func:`build_corpus` with its defaults), built once per process:
+    prompt helpers ask for it again and again, and a build reads the whole stdlib (about 18 s)."""
+    return build_corpus()
+
+
 def _prompt_from(lines: list[str], start: int, min_chars: int, max_chars: int) -> str | None:
     """Whole lines from ``start`` until ``min_chars`` is reached at a safe stopping point.
 
@@ -210,7 +218,7 @@ def code_prompts(docs: dict[str, str], min_chars: int = 100, max_chars: int = 40
 def heldout_prompts(n: int = 32, corpus: Corpus | None = None, seed: int = 0,
                     min_chars: int = 100, max_chars: int = 400) -> list[str]:
     """``n`` evaluation prompts, drawn (seeded) from ``code_prompts`` of the held-out files."""
-    candidates = code_prompts((corpus or build_corpus()).heldout, min_chars, max_chars)
+    candidates = code_prompts((corpus or cached_corpus()).heldout, min_chars, max_chars)
     if len(candidates) < n:
         raise ValueError(f"only {len(candidates)} held-out prompts available, asked for {n}")
     return random.Random(seed).sample(candidates, n)

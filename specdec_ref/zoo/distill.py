@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec_ref.zoo import sha256_file
-from specdec_ref.zoo.corpus import build_corpus, code_prompts
+from specdec_ref.zoo.corpus import cached_corpus, code_prompts
 from specdec_ref.zoo.train import (Arch, budgeted, fit, native_bf16, padded, topk_distill_loss,
                                    training_autocast)
 
@@ -150,7 +150,7 @@ def prompts(tokenizer: PreTrainedTokenizerBase, split: str, code_limit: int | No
     prose = [p.format(t=t, T=t[0].upper() + t[1:]) for t in topics for p in PROSE]
     chats = [chat(p.format(t=t)) for t in topics for p in CHAT]
     chats += [chat(p.format(t=t)) for t in tasks for p in CODE_CHAT]
-    corpus = build_corpus()
+    corpus = cached_corpus()
     code = code_prompts(corpus.heldout if want_held else corpus.train, max_chars=300)
     rng = random.Random(seed)
     rng.shuffle(code)

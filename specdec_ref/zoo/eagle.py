@@ -67,7 +67,7 @@ BUDGETS = {
                    batch_tokens=256),
     "full": Budget(gen_batch=64, new_tokens=128, greedy_batches=None, greedy_minutes=25,
                    sampled_batches=None, sampled_minutes=15, code_prompts=1200, draft_vocab=8192,
-                   steps=None, train_minutes=30, batch_tokens=4096),
+                   steps=None, train_minutes=25, batch_tokens=4096),
 }
 
 
@@ -329,19 +329,22 @@ def save(head: EagleHead, vocab: torch.LongTensor, target_config, out: Path, rec
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
 
 
-def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DIR, seed: int = 0) -> dict:
-    """Every stage; returns the record written to the manifest."""
+def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DIR, seed: int = 0,
+          generate: bool = True) -> dict:
+    """Every stage; returns the record written to the manifest. ``generate=False`` trains on
+    the continuations already stored in ``data``."""
     from specdec_ref.eagle import EagleConfig, init_head
     from specdec_ref.zoo import load
     from specdec_ref.zoo.train import native_bf16
 
     budget = BUDGETS[budget_name]
     target, tokenizer = load("zoo:smollm2", dtype=torch.bfloat16 if native_bf16() else torch.float32)
-    texts = training_prompts(tokenizer, budget.code_prompts, seed)
-    generate_continuations(target, tokenizer, texts, data, "greedy", budget.greedy_batches,
-                           budget.greedy_minutes, budget)
-    generate_continuations(target, tokenizer, texts, data, "sampled", budget.sampled_batches,
-                           budget.sampled_minutes, budget)
+    if generate:
+        texts = training_prompts(tokenizer, budget.code_prompts, seed)
+        generate_continuations(target, tokenizer, texts, data, "greedy", budget.greedy_batches,
+                               budget.greedy_minutes, budget)
+        generate_continuations(target, tokenizer, texts, data, "sampled", budget.sampled_batches,
+                               budget.sampled_minutes, budget)
     stored = load_continuations(data)
     t0 = time.time()
     train_data = target_features(target, [torch.from_numpy(ids) for ids, _ in stored])
@@ -359,7 +362,7 @@ def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DI
     fit = train_head(head, target, train_data, heldout, to_draft, target.lm_head.weight[vocab].detach(), budget,
                      work / "eagle-head.ckpt", seed, eval_every_tokens=1 if tiny else 400_000)
     record = {
-        "budget": budget_name, "seed": seed, "parameters": head.num_parameters,
+        "budget": budget_name, "seed": seed, "parameters": head.num_parameters, "generated_this_run": generate,
         "data": {"sequences": len(stored), "tokens": int(labels.numel()),
                  "continuation_tokens": int(sum(len(ids) - n for ids, n in stored)),
                  "files": len(list(data.glob("*.npz"))), "feature_seconds": round(feature_seconds)},
@@ -381,8 +384,11 @@ def main() -> None:
                         help="where SmolLM2's continuations are stored (committed; a rerun adds to them)")
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="full", help="time or step budget")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-generate", action="store_true",
+                        help="train on the stored continuations only (stage 1 skipped)")
     args = parser.parse_args()
-    print(json.dumps(build(args.out, args.work, args.budget, args.data, args.seed), indent=2))
+    print(json.dumps(build(args.out, args.work, args.budget, args.data, args.seed, not args.no_generate),
+                     indent=2))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,117 @@
+"""SmolLM2-135M-Instruct with three drafters, by prompt kind, in one paired run.
+
+    python benchmarks/smollm2_drafters.py                      # 4 held-out prompts per kind, k = 2,3,4
+    python benchmarks/smollm2_drafters.py --per-kind 2 --k 3 --json out/drafters.json
+
+Drafters: the EAGLE head (``zoo:smollm2-eagle``, reads SmolLM2's features), the distilled
+16M draft model (``zoo:smollm2-draft``) and prompt lookup (n-grams of the context). Prompts
+are held out from both drafts' training (no shared topic, task or source file), prose, code
+and chat interleaved. Every prompt runs the baseline and every drafter at every k, greedy,
+EOS ignored (so each run makes exactly ``--max-new-tokens`` tokens), the order reversed on
+every other prompt, after one warm-up of each. Reported per kind and k: acceptance rate
+(accepted / drafted), tokens per target pass (tau), the median of per-prompt speedups over
+the baseline, and whether every output equals the baseline's. For the EAGLE head, also the
+acceptance rate by draft position and the cost model's prediction from the measured a, c
+and v(k) (``specdec_ref.costs``), set beside the measured speedup.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from specdec_ref import GenerationStats, PromptLookupDrafter, roofline
+from specdec_ref.bench import compare_drafters
+from specdec_ref.costs import measure_costs
+from specdec_ref.eagle import EagleDrafter
+from specdec_ref.timing import threads_for_timing
+from specdec_ref.zoo import load, load_eagle
+from specdec_ref.zoo.distill import KINDS, heldout_prompts, interleave
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--per-kind", type=int, default=4, help="held-out prompts of each kind")
+    parser.add_argument("--k", default="2,3,4", help="comma-separated draft lengths")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt")
+    parser.add_argument("--json", help="write every figure to this path")
+    args = parser.parse_args()
+    ks = [int(k) for k in args.k.split(",")]
+
+    target, tokenizer = load("zoo:smollm2")
+    head, vocab = load_eagle("zoo:smollm2-eagle")
+    draft, _ = load("zoo:smollm2-draft")
+    drafters = {"eagle": EagleDrafter(head, target, vocab), "distilled": draft, "prompt lookup": PromptLookupDrafter()}
+    kinds, texts = zip(*interleave(heldout_prompts(tokenizer, per_kind=args.per_kind)))
+    encoded = [tokenizer(t, return_tensors="pt").input_ids for t in texts]
+    n = args.max_new_tokens
+    print(threads_for_timing())
+
+    start = time.time()
+    records = compare_drafters(target, drafters, encoded, n, ks)
+    methods = list(records)
+    print(f"{len(encoded)} prompts x {len(methods)} methods in {time.time() - start:.0f} s")
+
+    context = int(statistics.median(ids.shape[1] for ids in encoded)) + n // 2
+    costs = {name: measure_costs(target, None if name == "prompt lookup" else d, context, ks)
+             for name, d in drafters.items()}
+    result = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "max_new_tokens": n,
+              "per_kind": args.per_kind, "ks": ks, "kinds": {}, "costs": {}}
+    for name, c in costs.items():
+        result["costs"][name] = {"c": c.cost_ratio, "c_spread": c.cost_ratio_spread, "v": c.verify_costs}
+    print(f"CPU: {result['cpu']}; {result['threads']} torch threads; {n} new tokens, greedy")
+    print("costs (one-token target passes): " + "; ".join(
+        f"{name} c = {c.cost_ratio:.3f}" for name, c in costs.items()) + "; v(k) = " + ", ".join(
+        f"{k}: {v:.2f}" for k, v in costs["eagle"].verify_costs.items()))
+    for kind in (*KINDS, "all"):
+        rows = [i for i, name in enumerate(kinds) if kind in (name, "all")]
+        base = [records[None][i] for i in rows]
+        entry = {"baseline_tokens_per_second": statistics.median(n / r["seconds"] for r in base)}
+        for method in methods[1:]:
+            runs = [records[method][i] for i in rows]
+            total = GenerationStats.combined(r["output"].stats for r in runs)
+            name, k = method
+            figures = {
+                "acceptance_rate": total.acceptance_rate, "acceptance_probability": total.acceptance_probability,
+                "tau": total.tokens_per_target_pass,
+                "speedup": statistics.median(b["seconds"] / r["seconds"] for b, r in zip(base, runs)),
+                "identical": all(torch.equal(b["output"].sequences, r["output"].sequences) for b, r in zip(base, runs)),
+                "by_position": total.acceptance_by_position,
+            }
+            c = costs[name]
+            figures["predicted"] = roofline.expected_speedup(total.acceptance_probability, k, c.cost_ratio,
+                                                             c.verify_costs[k])
+            figures["predicted_from_tau"] = total.tokens_per_target_pass / (
+                total.draft_forward_calls_per_iteration * c.cost_ratio + c.verify_costs[k])
+            entry[f"{name} k={k}"] = figures
+        result["kinds"][kind] = entry
+        print(f"\n{kind} ({len(rows)} prompts): baseline {entry['baseline_tokens_per_second']:.1f} tokens/s")
+        for method in methods[1:]:
+            f = entry[f"{method[0]} k={method[1]}"]
+            print(f"  {method[0]:13s} k={method[1]}: acceptance {f['acceptance_rate']:.3f}, tau {f['tau']:.2f}, "
+                  f"speedup {f['speedup']:.2f}x (predicted {f['predicted']:.2f}x from a = "
+                  f"{f['acceptance_probability']:.3f}; {f['predicted_from_tau']:.2f}x from tau), "
+                  f"identical {f['identical']}; by position " + " ".join(f"{p:.2f}" for p in f["by_position"]))
+        best = max((m for m in methods[1:] if m[0] == "eagle"), key=lambda m: entry[f"eagle k={m[1]}"]["speedup"])
+        entry["eagle_best_k"] = best[1]
+        print(f"  eagle's best k here: {best[1]}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        print(f"JSON written to {args.json}")
+
+
+if __name__ == "__main__":
+    main()
