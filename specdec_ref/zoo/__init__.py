@@ -108,6 +108,19 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def add_to_manifest(out: Path, folder: Path, key: str, record: dict) -> None:
+    """Put the sha256 of every file in ``folder`` and ``record`` (under ``key``) into
+    ``out/manifest.json``, replacing that folder's earlier entries and keeping all others."""
+    manifest_path = out / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"files": {}}
+    prefix = folder.relative_to(out).as_posix() + "/"
+    manifest["files"] = {k: v for k, v in manifest["files"].items() if not k.startswith(prefix)}
+    manifest["files"].update({p.relative_to(out).as_posix(): sha256_file(p)
+                              for p in sorted(folder.iterdir()) if p.is_file()})
+    manifest[key] = record
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+
+
 def verify(folder: str | Path, zoo_dir: Path = ZOO_DIR) -> None:
     """Check every file of a zoo folder against ``manifest.json``; raise on mismatch.
 

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from specdec_ref.zoo import sha256_file
+from specdec_ref.zoo import add_to_manifest
 from specdec_ref.zoo.corpus import cached_corpus, code_prompts
 from specdec_ref.zoo.train import (Arch, budgeted, fit, native_bf16, padded, topk_distill_loss,
                                    training_autocast)
@@ -273,13 +273,7 @@ def save_draft(draft: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, out:
     draft.to(torch.bfloat16).save_pretrained(folder)
     draft.float()
     tokenizer.save_pretrained(folder)
-    manifest_path = out / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"files": {}}
-    manifest["files"] = {k: v for k, v in manifest["files"].items() if not k.startswith("smollm2-draft/")}
-    manifest["files"].update({p.relative_to(out).as_posix(): sha256_file(p)
-                              for p in sorted(folder.iterdir()) if p.is_file()})
-    manifest["smollm2_draft"] = record
-    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    add_to_manifest(out, folder, "smollm2_draft", record)
 
 
 def build(out: Path, work: Path, budget_name: str = "full", seed: int = 0, init: Path | None = None) -> dict:

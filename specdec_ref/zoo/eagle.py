@@ -316,17 +316,11 @@ def heldout_features(target, tokenizer, per_kind: int, new_tokens: int) -> dict[
 def save(head: EagleHead, vocab: torch.LongTensor, target_config, out: Path, record: dict) -> None:
     """The head in ``out/smollm2-eagle``, its checksums and record merged into ``out/manifest.json``."""
     from specdec_ref.eagle import save_head
-    from specdec_ref.zoo import sha256_file
+    from specdec_ref.zoo import add_to_manifest
 
     folder = out / "smollm2-eagle"
     save_head(head, folder, vocab, target_config, record)
-    manifest_path = out / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"files": {}}
-    manifest["files"] = {k: v for k, v in manifest["files"].items() if not k.startswith("smollm2-eagle/")}
-    manifest["files"].update({p.relative_to(out).as_posix(): sha256_file(p)
-                              for p in sorted(folder.iterdir()) if p.is_file()})
-    manifest["smollm2_eagle"] = record
-    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    add_to_manifest(out, folder, "smollm2_eagle", record)
 
 
 def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DIR, seed: int = 0,

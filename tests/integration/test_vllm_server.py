@@ -210,62 +210,27 @@ class TestServer:
 
 
 
-def test_the_real_pair_served_with_its_draft(vllm_launcher, vllm_env, vllm_report, tmp_path):
-    """SmolLM2-135M-Instruct with zoo:smollm2-draft as vLLM's draft model: greedy output and
-    acceptance as specdec_ref's, on a prose prompt and a chat prompt; throughput reported."""
+def serve_smollm2_like_specdec_ref(method: str, draft_name: str, drafter, k: int, tolerance: float,
+                                   launcher, env, log_path) -> str:
+    """SmolLM2 served by vLLM with ``method`` and ``draft_name``, on a held-out prose and chat
+    prompt: asserts the greedy output is specdec_ref's (with ``drafter``) and the acceptance rate
+    within ``tolerance`` of ours; returns a line for the report."""
     from specdec_ref.zoo.distill import heldout_prompts
 
     target, tokenizer = zoo.load("zoo:smollm2")
-    draft, _ = zoo.load("zoo:smollm2-draft")
     texts = heldout_prompts(tokenizer, per_kind=1)
     prompt_ids = [tokenizer(texts[kind][0]).input_ids for kind in ("prose", "chat")]
     expected, drafted, accepted = [], 0, 0
     for ids in prompt_ids:
         ids = torch.tensor([ids])
-        out = speculative_generate(target, draft, ids, max_new_tokens=MAX_NEW_TOKENS, num_draft_tokens=K,
+        out = speculative_generate(target, drafter(target), ids, max_new_tokens=MAX_NEW_TOKENS, num_draft_tokens=k,
                                    eos_token_id=[])
         expected.append(out.sequences[0, ids.shape[1]:].tolist())
         drafted, accepted = drafted + out.stats.drafted_tokens, accepted + out.stats.accepted_tokens
-    with VLLMServer.launch("zoo:smollm2", method="draft_model", draft="zoo:smollm2-draft", num_speculative_tokens=K,
+    with VLLMServer.launch("zoo:smollm2", method=method, draft=draft_name, num_speculative_tokens=k,
                            api_key=API_KEY, port=free_port(), dtype="float32", max_model_len=2048,
-                           launcher=vllm_launcher, env=vllm_env, log_path=tmp_path / "real-pair.log",
-                           startup_timeout=600, extra_args=EAGER) as running:
-        client = running.client()
-        before = client.spec_decode_metrics()
-        runs = [client.complete(ids, max_tokens=MAX_NEW_TOKENS, temperature=0.0, extra={"ignore_eos": True})
-                for ids in prompt_ids]
-        delta = client.spec_decode_metrics() - before
-    assert [run.token_ids for run in runs] == expected
-    ours = accepted / drafted
-    assert delta.acceptance_rate == pytest.approx(ours, abs=ACCEPTANCE_TOLERANCE)
-    tokens_per_second = sum(run.num_tokens for run in runs) / sum(run.total_seconds for run in runs)
-    vllm_report.append(f"real pair (zoo:smollm2 + zoo:smollm2-draft, k={K}): server healthy after "
-                       f"{running.startup_seconds:.0f} s; {tokens_per_second:.1f} tokens/s (eager); acceptance "
-                       f"{delta.acceptance_rate:.3f} (specdec_ref {ours:.3f})")
-
-
-def test_the_eagle_head_served_by_vllm(vllm_launcher, vllm_env, vllm_report, tmp_path):
-    """zoo:smollm2-eagle is saved in the layout vLLM's ``eagle`` method loads: served with
-    SmolLM2 by the CPU build, greedy output is SmolLM2's own and the head's drafts are
-    accepted at about the rate specdec_ref measures."""
-    from specdec_ref.eagle import EagleDrafter
-    from specdec_ref.zoo.distill import heldout_prompts
-
-    target, tokenizer = zoo.load("zoo:smollm2")
-    head, _ = zoo.load_eagle("zoo:smollm2-eagle")  # vLLM drafts over the whole vocabulary: so do we here
-    texts = heldout_prompts(tokenizer, per_kind=1)
-    prompt_ids = [tokenizer(texts[kind][0]).input_ids for kind in ("prose", "chat")]
-    expected, drafted, accepted = [], 0, 0
-    for ids in prompt_ids:
-        ids = torch.tensor([ids])
-        out = speculative_generate(target, EagleDrafter(head, target), ids, max_new_tokens=MAX_NEW_TOKENS,
-                                   num_draft_tokens=EAGLE_K, eos_token_id=[])
-        expected.append(out.sequences[0, ids.shape[1]:].tolist())
-        drafted, accepted = drafted + out.stats.drafted_tokens, accepted + out.stats.accepted_tokens
-    with VLLMServer.launch("zoo:smollm2", method="eagle", draft="zoo:smollm2-eagle", num_speculative_tokens=EAGLE_K,
-                           api_key=API_KEY, port=free_port(), dtype="float32", max_model_len=2048,
-                           launcher=vllm_launcher, env=vllm_env, log_path=tmp_path / "eagle.log",
-                           startup_timeout=600, extra_args=EAGER) as running:
+                           launcher=launcher, env=env, log_path=log_path, startup_timeout=600,
+                           extra_args=EAGER) as running:
         client = running.client()
         before = client.spec_decode_metrics()
         runs = [client.complete(ids, max_tokens=MAX_NEW_TOKENS, temperature=0.0, extra={"ignore_eos": True})
@@ -274,10 +239,31 @@ def test_the_eagle_head_served_by_vllm(vllm_launcher, vllm_env, vllm_report, tmp
     assert [run.token_ids for run in runs] == expected
     ours = accepted / drafted
     assert delta.drafted_tokens > 0
-    # The same head on the same features, but vLLM's own kernels: a near-tie in the head's argmax
-    # may go the other way, so the rates agree closely, not exactly.
-    assert delta.acceptance_rate == pytest.approx(ours, abs=EAGLE_ACCEPTANCE_TOLERANCE)
+    assert delta.acceptance_rate == pytest.approx(ours, abs=tolerance)
     tokens_per_second = sum(run.num_tokens for run in runs) / sum(run.total_seconds for run in runs)
-    vllm_report.append(f"EAGLE head (zoo:smollm2 + zoo:smollm2-eagle, k={EAGLE_K}): server healthy after "
-                       f"{running.startup_seconds:.0f} s; {tokens_per_second:.1f} tokens/s (eager); acceptance "
-                       f"{delta.acceptance_rate:.3f} (specdec_ref {ours:.3f})")
+    return (f"zoo:smollm2 + {draft_name} ({method}, k={k}): server healthy after {running.startup_seconds:.0f} s; "
+            f"{tokens_per_second:.1f} tokens/s (eager); acceptance {delta.acceptance_rate:.3f} "
+            f"(specdec_ref {ours:.3f})")
+
+
+def test_the_real_pair_served_with_its_draft(vllm_launcher, vllm_env, vllm_report, tmp_path):
+    """SmolLM2-135M-Instruct with zoo:smollm2-draft as vLLM's draft model: greedy output and
+    acceptance as specdec_ref's, on a prose prompt and a chat prompt; throughput reported."""
+    draft, _ = zoo.load("zoo:smollm2-draft")
+    vllm_report.append(serve_smollm2_like_specdec_ref(
+        "draft_model", "zoo:smollm2-draft", lambda target: draft, K, ACCEPTANCE_TOLERANCE,
+        vllm_launcher, vllm_env, tmp_path / "real-pair.log"))
+
+
+def test_the_eagle_head_served_by_vllm(vllm_launcher, vllm_env, vllm_report, tmp_path):
+    """zoo:smollm2-eagle is saved in the layout vLLM's ``eagle`` method loads: served with
+    SmolLM2 by the CPU build, greedy output is SmolLM2's own and the head's drafts are
+    accepted at about the rate specdec_ref measures. vLLM drafts over the whole vocabulary, so
+    the reference here does too; and it runs its own kernels, so a near-tie in the head's
+    argmax may go the other way: the rates agree closely, not exactly."""
+    from specdec_ref.eagle import EagleDrafter
+
+    head, _ = zoo.load_eagle("zoo:smollm2-eagle")
+    vllm_report.append(serve_smollm2_like_specdec_ref(
+        "eagle", "zoo:smollm2-eagle", lambda target: EagleDrafter(head, target), EAGLE_K,
+        EAGLE_ACCEPTANCE_TOLERANCE, vllm_launcher, vllm_env, tmp_path / "eagle.log"))
