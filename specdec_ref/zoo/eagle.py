@@ -218,7 +218,7 @@ def head_losses(head: EagleHead, embed: torch.nn.Module, lm_weight: torch.Tensor
 
 
 @torch.no_grad()
-def agreement(head: EagleHead, embed, lm_weight, to_draft, data: list[Features]) -> tuple[float, float]:
+def agreement(head: EagleHead, embed, lm_weight, to_draft, data: list[Features]) -> list[float]:
     """Held-out share of positions where the head's first and second draft would be accepted
     greedily given a correct prefix (the target's own token)."""
     head.eval()
@@ -229,7 +229,7 @@ def agreement(head: EagleHead, embed, lm_weight, to_draft, data: list[Features])
             total[0] += right
             total[1] += n
     head.train()
-    return tuple(round(r / max(n, 1), 3) for r, n in totals)
+    return [round(r / max(n, 1), 3) for r, n in totals]
 
 
 def train_head(head: EagleHead, target, data: list[Features], heldout: dict[str, list[Features]],
