@@ -196,8 +196,11 @@ def test_the_shipped_eagle_head_drafts_for_smollm2(kind):
     pair = load_pair("zoo:smollm2", "zoo:smollm2-eagle")
     text = heldout_prompts(pair.target_tokenizer, per_kind=1)[kind][0]
     ids = pair.target_tokenizer(text, return_tensors="pt").input_ids
-    expected = autoregressive_generate(pair.target, ids, 48)  # stops at SmolLM2's EOS
+    expected = autoregressive_generate(pair.target, ids, 48)  # stops at SmolLM2's EOS (prose: at once)
     out = speculative_generate(pair.target, pair.draft, ids, max_new_tokens=48, num_draft_tokens=4)
+    assert torch.equal(out.sequences, expected.sequences)
+    expected = autoregressive_generate(pair.target, ids, 48, eos_token_id=[])
+    out = speculative_generate(pair.target, pair.draft, ids, max_new_tokens=48, num_draft_tokens=4, eos_token_id=[])
     assert torch.equal(out.sequences, expected.sequences)
     assert out.stats.tokens_per_target_pass > 1.2, out.stats
     one = ids[:, :1]
