@@ -238,7 +238,7 @@ def serve_smollm2_like_specdec_ref(method: str, draft_name: str, drafter, k: int
         delta = client.spec_decode_metrics() - before
     assert [run.token_ids for run in runs] == expected
     ours = accepted / drafted
-    assert delta.drafted_tokens > 0
+    assert delta.num_draft_tokens > 0
     assert delta.acceptance_rate == pytest.approx(ours, abs=tolerance)
     tokens_per_second = sum(run.num_tokens for run in runs) / sum(run.total_seconds for run in runs)
     return (f"zoo:smollm2 + {draft_name} ({method}, k={k}): server healthy after {running.startup_seconds:.0f} s; "
