@@ -4,6 +4,7 @@ The lessons import this package; it is the very code they teach.
 """
 from .baseline import autoregressive_generate
 from .drafters import Drafter, ModelDrafter, Proposal
+from .eagle import EagleDrafter
 from .ngram import PromptLookupDrafter
 from .sampling import Sampler
 from .speculative import accept_greedy, accept_sampled, speculative_generate, speculative_step
@@ -14,6 +15,7 @@ from .uag import CrossTokenizerDrafter
 __all__ = [
     "CrossTokenizerDrafter",
     "Drafter",
+    "EagleDrafter",
     "GenerationOutput",
     "GenerationStats",
     "ModelDrafter",
