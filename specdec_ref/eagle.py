@@ -117,6 +117,12 @@ class Layer(nn.Module):
         self.self_attn, self.mlp = Attention(c), MLP(c)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
+    def forward(self, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        """The layer's output for inputs ``x`` whose queries ``q`` read ``keys``/``values`` under ``mask``."""
+        h = x + self.self_attn.attend(q, keys, values, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
 
 class EagleHead(nn.Module):
     """fc(concat(embedding of x_{t+1}, f_t)) -> one decoder layer -> predicted f_{t+1}.
@@ -141,9 +147,7 @@ class EagleHead(nn.Module):
         q, k, v = layer.self_attn.project(x, positions)
         keys = k if past is None else torch.cat([past[0], k], dim=2)
         values = v if past is None else torch.cat([past[1], v], dim=2)
-        mask = causal_mask(q.shape[2], keys.shape[2], q.device)
-        h = x + layer.self_attn.attend(q, keys, values, mask)
-        return h + layer.mlp(layer.post_attention_layernorm(h)), (k, v)
+        return layer(x, q, keys, values, causal_mask(q.shape[2], keys.shape[2], q.device)), (k, v)
 
     @property
     def num_parameters(self) -> int:
@@ -228,8 +232,8 @@ class EagleDrafter:
             if q is not None:
                 probs.append(q)
             if self.min_confidence is not None and step + 1 < max_tokens:
-                confidence = (torch.softmax(logits.float(), -1)[self.index_of(token)] if q is None
-                              else q[token])
+                # greedy: the draft is the argmax, so its probability is the largest one
+                confidence = torch.softmax(logits.float(), -1).max() if q is None else q[token]
                 if confidence < self.min_confidence:
                     break
             ids, features = token.view(1), predicted[:, -1:]
@@ -259,9 +263,6 @@ class EagleDrafter:
         head = sum(p.numel() * p.element_size() for p in self.head.parameters())
         row = self.embed.weight[0]
         return float(head + self.lm_weight.numel() * self.lm_weight.element_size() + row.numel() * row.element_size())
-
-    def index_of(self, token: torch.Tensor) -> torch.Tensor:
-        return token if self.draft_vocab is None else (self.draft_vocab == token).nonzero()[0, 0]
 
 
 # --- saving and loading -------------------------------------------------------------------

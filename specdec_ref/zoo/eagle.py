@@ -202,9 +202,7 @@ def head_losses(head: EagleHead, embed: torch.nn.Module, lm_weight: torch.Tensor
     q2, k2, v2 = layer.self_attn.project(x2, positions[1:])
     real = torch.arange(t)[None, :] < torch.arange(1, t)[:, None]
     own = torch.eye(t - 1, dtype=torch.bool)
-    keys, values = torch.cat([k1, k2], 2), torch.cat([v1, v2], 2)
-    h2 = x2 + layer.self_attn.attend(q2, keys, values, torch.cat([real, own], 1))
-    pred2 = h2 + layer.mlp(layer.post_attention_layernorm(h2))
+    pred2 = layer(x2, q2, torch.cat([k1, k2], 2), torch.cat([v1, v2], 2), torch.cat([real, own], 1))
     loss, stats = 0.0, []
     for pred, first in ((pred1[0], 0), (pred2[0], 1)):
         true_next = feats[first + 1:t + 1]
