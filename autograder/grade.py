@@ -3,6 +3,7 @@
     .venv/bin/python autograder/grade.py SUBMITTED [--assignment A] [--student S] [--work DIR]
                                          [--roster CSV] [--due A=DATE] [--late-penalty zero]
                                          [--timeout S] [--jobs N]
+    .venv/bin/python autograder/grade.py SUBMITTED --export-only [--work DIR]
 
 SUBMITTED holds ``<student>/<assignment>/<notebook>.ipynb`` (what ``nbgrader collect`` or
 ``zip_collect`` produce). Every assignment of ``solutions/`` that has submissions is graded
@@ -23,6 +24,11 @@ invalid JSON scores 0. After autograding, a submission whose kernel died (``os._
 segfault) has the answer that killed it disabled and is graded again, so its other answers
 keep their points. Each of these is a line in the report. ``--student`` regrades one student
 and keeps everyone else's grades.
+
+After hand grading (formgrader writes into the same gradebook), ``--export-only`` runs no
+notebook: it recomputes the late penalties from the scores as they now are and writes the
+CSVs, the report and the feedback again. Cells no person has graded yet say "awaiting manual
+grading" in the report and the feedback, never a score of 0.
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ import csv
 import json
 import multiprocessing
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -51,9 +58,14 @@ CONFIG = HERE / "nbgrader_config.py"
 
 # --- the course folder ------------------------------------------------------------------------
 
-def write_config(work: Path, timeout: int | None, late_penalty: str = "none") -> None:
+def write_config(work: Path, timeout: int | None, late_penalty: str | None = None) -> None:
     """The work folder's nbgrader_config.py: the course's config, with everything written
-    (release, submitted, autograded, feedback, gradebook) moved into the work folder."""
+    (release, submitted, autograded, feedback, gradebook) moved into the work folder.
+    Without ``late_penalty`` the folder keeps the rule it has (``none`` for a new one)."""
+    if late_penalty is None:
+        earlier = work / "nbgrader_config.py"
+        found = re.search(r"penalty_method = '(\w+)'", earlier.read_text()) if earlier.exists() else None
+        late_penalty = found.group(1) if found else "none"
     lines = ["c = get_config()", f"load_subconfig({str(CONFIG)!r})",
              f"c.CourseDirectory.root = {str(work)!r}",
              f"c.CourseDirectory.release_directory = {str(work / 'release')!r}",
@@ -131,11 +143,17 @@ def grade_id(cell) -> str | None:
     return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
 
 
-def repair_cells(nb, release) -> list[str]:
+def repair_cells(nb, release, source) -> list[str]:
     """Put the release's locked cells back where a student deleted them, drop duplicated locked
-    cells, and report locked cells whose text was edited (nbgrader restores those itself)."""
+    cells, and report locked cells whose text was edited (nbgrader restores those itself).
+
+    A locked cell that reads as released (or as in the instructor's ``source``, for a student
+    who handed in that notebook) is given the source's text, hidden tests included: it is what
+    nbgrader runs anyway, and nbgrader then has no checksum change to warn about. Only real
+    edits are reported."""
     problems = []
     released = {grade_id(c): c for c in release.cells if grade_id(c)}
+    sources = {grade_id(c): c for c in source.cells if grade_id(c)}
     seen: set[str] = set()
     kept = []
     for cell in nb.cells:
@@ -166,11 +184,17 @@ def repair_cells(nb, release) -> list[str]:
         seen.add(gid)
 
     for cell in nb.cells:
-        original = released.get(grade_id(cell))
-        if original is not None and original.metadata.nbgrader.get("locked") and (
-                cell.source != original.source or cell.cell_type != original.cell_type
-                or cell.metadata.nbgrader.get("points") != original.metadata.nbgrader.get("points")):
-            problems.append(f"edited locked cell {grade_id(cell)}: restored from the source")
+        gid = grade_id(cell)
+        original = released.get(gid)
+        if original is None or not original.metadata.nbgrader.get("locked"):
+            continue
+        honest = cell.cell_type == original.cell_type and \
+            cell.metadata.nbgrader.get("points") == original.metadata.nbgrader.get("points") and \
+            cell.source in (original.source, sources[gid].source if gid in sources else original.source)
+        if honest:
+            cell.source = sources[gid].source if gid in sources else original.source
+        else:
+            problems.append(f"edited locked cell {gid}: restored from the source")
     return problems
 
 
@@ -183,10 +207,11 @@ def unique_cell_ids(nb) -> None:
         seen.add(cell.get("id"))
 
 
-def prepare(submission: Path, release: Path, dest: Path) -> list[str]:
+def prepare(submission: Path, release: Path, dest: Path) -> tuple[list[str], dict[str, str]]:
     """Copy one student's assignment folder into the course's submitted/, repairing its
-    notebooks against the release; return the problems found."""
-    problems = []
+    notebooks against the release; return the problems found and the renamed notebooks
+    (the release's notebook name -> the student's, without ``.ipynb``)."""
+    problems, renamed = [], {}
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(submission, dest, ignore=shutil.ignore_patterns("*.ipynb", ".ipynb_checkpoints"))
     expected = sorted(release.glob("*.ipynb"))
@@ -197,7 +222,9 @@ def prepare(submission: Path, release: Path, dest: Path) -> list[str]:
         if not path.exists():
             if len(expected) == 1 and len(unclaimed) == 1:
                 path = unclaimed.pop()
-                problems.append(f"renamed notebook {path.name}: graded as {release_nb.name}")
+                renamed[release_nb.stem] = path.stem
+                problems.append(f"renamed notebook {path.name}: graded as {release_nb.name}, "
+                                f"feedback under both names")
             else:
                 problems.append(f"missing notebook {release_nb.name}: scored 0"
                                 + (f" (found {', '.join(p.name for p in unclaimed)})" if unclaimed else ""))
@@ -210,9 +237,11 @@ def prepare(submission: Path, release: Path, dest: Path) -> list[str]:
             problems.append(f"invalid notebook {path.name} ({type(error).__name__}: "
                             f"{str(error).splitlines()[0][:100]}): scored 0")
             continue
-        problems += repair_cells(nb, nbformat.read(release_nb, as_version=4))
+        source = SOLUTIONS / release.name / release_nb.name
+        problems += repair_cells(nb, nbformat.read(release_nb, as_version=4),
+                                 nbformat.read(source if source.exists() else release_nb, as_version=4))
         nbformat.write(nb, dest / release_nb.name)
-    return problems
+    return problems, renamed
 
 
 # --- autograding ------------------------------------------------------------------------------
@@ -337,6 +366,21 @@ def score_zero(work: Path, assignment: str, student: str) -> None:
 
 # --- results ----------------------------------------------------------------------------------
 
+AWAITING = "awaiting manual grading"
+KEPT = "hand grade kept (the regrade flags it for review)"
+
+
+def cell_status(grade, kind: str) -> str:
+    """What a cell's score is: autograded, hand-graded, still waiting for a person, ..."""
+    if grade.manual_score is not None:
+        return KEPT if grade.needs_manual_grade else "hand-graded"
+    if grade.needs_manual_grade:
+        return AWAITING
+    if kind == "written" and not grade.auto_score:
+        return "not answered"  # nbgrader scores an unchanged written answer 0 without asking anyone
+    return "autograded"
+
+
 def cell_rows(work: Path, assignments: list[str]) -> list[dict]:
     """One row per graded cell per student and assignment, from the gradebook."""
     rows = []
@@ -346,32 +390,42 @@ def cell_rows(work: Path, assignments: list[str]) -> list[dict]:
             for notebook in gb.find_assignment(assignment).notebooks:
                 release = nbformat.read(work / "release" / assignment / f"{notebook.name}.ipynb", as_version=4)
                 order = [grade_id(c) for c in release.cells]
+                written = {grade_id(c) for c in release.cells if c.metadata.get("nbgrader", {}).get("solution")}
                 for student in students:
                     try:
                         grades = gb.find_submission_notebook(notebook.name, assignment, student).grades
                     except Exception:  # nbgrader's MissingEntry: no submission
                         continue
                     for grade in sorted(grades, key=lambda g: order.index(g.name)):
+                        status = cell_status(grade, "written" if grade.name in written else "test")
                         rows.append({"student": student, "assignment": assignment, "notebook": notebook.name,
                                      "grade_id": grade.name, "score": grade.score, "max_score": grade.max_score,
-                                     "needs_manual_grade": grade.needs_manual_grade})
+                                     "needs_manual_grade": grade.needs_manual_grade, "status": status})
     return rows
 
 
 def cell_problems(work: Path, assignment: str, student: str, rows: list[dict]) -> list[str]:
-    """A line for each cell whose output was cut, and for each autograded cell that lost
-    points, with the error it showed."""
+    """A line for each cell whose output was cut, each cell waiting for (or kept from) a hand
+    grade, and each autograded cell that lost points, with the error it showed."""
     problems = []
     for path in sorted((work / "autograded" / student / assignment).glob("*.ipynb")):
         for cell in nbformat.read(path, as_version=4).cells:
             if any("output truncated by the grader" in o.get("text", "") for o in cell.get("outputs", [])):
                 problems.append(f"output of {grade_id(cell) or 'a cell'} in {path.name} cut (it printed too much)")
     for row in rows:
-        if row["needs_manual_grade"] or row["score"] is None or row["score"] >= row["max_score"]:
+        points = f"{row['score'] or 0:g}/{row['max_score']:g}"
+        if row["status"] == AWAITING:
+            problems.append(f"{row['grade_id']}: {AWAITING} ({row['max_score']:g} points)")
+            continue
+        if row["status"] == KEPT:
+            problems.append(f"{row['grade_id']} {points}: {KEPT}")
+            continue
+        if row["score"] is None or row["score"] >= row["max_score"]:
             continue
         path = work / "autograded" / student / assignment / f"{row['notebook']}.ipynb"
-        if not path.exists():
-            continue  # the notebook's own problem line says why
+        if row["status"] != "autograded" or not path.exists():  # hand-graded, unanswered, or no notebook
+            problems.append(f"{row['grade_id']} {points}: {row['status']}")
+            continue
         cell = next(c for c in nbformat.read(path, as_version=4).cells if grade_id(c) == row["grade_id"])
         errors = [o for o in cell.get("outputs", []) if o.output_type == "error"]
         if errors:
@@ -382,7 +436,7 @@ def cell_problems(work: Path, assignment: str, student: str, rows: list[dict]) -
             detail = "wrote to stderr"  # nbgrader scores any stderr output as 0
         else:
             detail = "partial credit"
-        problems.append(f"{row['grade_id']} {row['score']:g}/{row['max_score']:g}: {detail}")
+        problems.append(f"{row['grade_id']} {points}: {detail}")
     return problems
 
 
@@ -396,16 +450,71 @@ def late(work: Path, assignment: str, student: str) -> list[str]:
             return []
         if not submission.total_seconds_late:
             return []
-        return [f"late by {submission.total_seconds_late / 60:.0f} min: penalty {submission.late_submission_penalty:g}"]
+        penalty, seconds = submission.late_submission_penalty or 0, submission.total_seconds_late
+        by = f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+        return [f"late by {by}: penalty {penalty:g}, "
+                f"score after it {max(0.0, submission.score - penalty):g}"]
+
+
+def label_feedback(work: Path, rows: list[dict]) -> None:
+    """Feedback pages say "awaiting manual grading" where nbgrader shows a score of 0 that no
+    person gave yet, and the page's total says how many points are still pending."""
+    pending: dict[Path, list[dict]] = {}
+    for row in rows:
+        if row["status"] == AWAITING:
+            page = work / "feedback" / row["student"] / row["assignment"] / f"{row['notebook']}.html"
+            pending.setdefault(page, []).append(row)
+    for page, cells in pending.items():
+        if not page.exists():
+            continue
+        text = page.read_text()
+        for row in cells:
+            gid, points = re.escape(row["grade_id"]), f"{float(row['max_score']):.1f}"
+            label = f"{AWAITING}, {points} points"
+            text = re.sub(rf'(<a href="#{gid}">[^<]*</a>) \(Score: [^)]*\)', rf"\1 ({label})", text)
+            text = re.sub(rf'(<a name="{gid}"></a>.*?)Score: [0-9.]+ / [0-9.]+', rf"\1{label[0].upper() + label[1:]}",
+                          text, count=1, flags=re.S)
+        waiting = sum(row["max_score"] for row in cells)
+        text = re.sub(r"(<h4>[^<]*\(Score: [0-9.]+ / [0-9.]+)\)", rf"\1; {waiting:g} points {AWAITING})", text, count=1)
+        page.write_text(text)
+
+
+def copy_feedback_for_renamed(work: Path, assignment: str, student: str) -> None:
+    """A renamed notebook's feedback also under the student's own name: ``nbgrader
+    fetch_feedback`` looks it up by the file name the student submitted."""
+    record = work / "renamed" / assignment / f"{student}.json"
+    if not record.exists():
+        return
+    folder = work / "feedback" / student / assignment
+    for graded_as, own in json.loads(record.read_text()).items():
+        if (folder / f"{graded_as}.html").exists():
+            shutil.copyfile(folder / f"{graded_as}.html", folder / f"{own}.html")
+
+
+def write_feedback(work: Path, assignments: list[str], student: str | None = None) -> None:
+    """nbgrader's feedback for every graded submission (or one student's), then the labels."""
+    api = open_api(work)
+    for assignment in assignments:
+        if student is None:
+            result = api.generate_feedback(assignment, force=True)
+        elif (work / "autograded" / student / assignment).exists():
+            result = api.generate_feedback(assignment, student, force=True)
+        else:
+            continue
+        if not result["success"]:
+            raise SystemExit(f"error: nbgrader generate_feedback {assignment} failed:\n{result.get('log')}")
+        for folder in (work / "feedback").glob(f"{student or '*'}/{assignment}"):
+            copy_feedback_for_renamed(work, assignment, folder.parent.name)
 
 
 def write_outputs(work: Path, assignments: list[str], timings: dict) -> tuple[list[str], list[dict]]:
-    """grades.csv, cells.csv and report.txt; return the report's lines and the cell rows."""
+    """grades.csv, cells.csv and report.txt, and the feedback pages' labels; return the
+    report's lines and the cell rows."""
     # Every assignment in the gradebook, not only those graded in this run: regrading one
     # student of one assignment keeps the other assignments' rows and report lines.
     with gradebook(work) as gb:
         assignments = sorted({a.name for a in gb.assignments} | set(assignments))
-    export = nbgrader(work, "export", f"--to={work / 'grades.csv'}")
+    export = nbgrader(work, "export", f"--to={work / 'grades.csv'}")  # late penalties reassessed (late.py)
     if export.returncode != 0:
         raise SystemExit(f"error: nbgrader export failed:\n{export.stdout}\n{export.stderr}")
     rows = cell_rows(work, assignments)
@@ -413,6 +522,7 @@ def write_outputs(work: Path, assignments: list[str], timings: dict) -> tuple[li
         writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["student"])
         writer.writeheader()
         writer.writerows(rows)
+    label_feedback(work, rows)
 
     lines = []
     for assignment in assignments:
@@ -423,22 +533,48 @@ def write_outputs(work: Path, assignments: list[str], timings: dict) -> tuple[li
                 cell_problems(work, assignment, student, mine)
             score = sum(r["score"] or 0 for r in mine)
             total = sum(r["max_score"] for r in mine)
+            waiting = sum(r["max_score"] for r in mine if r["status"] == AWAITING)
             seconds = timings.get(f"{assignment}/{student}")
             took = f", {seconds[0]:.0f} s ({seconds[1]:.0f} s CPU)" if seconds else ""
-            lines.append(f"{assignment} {student}: {score:g}/{total:g}{took}")
+            pending = f" ({waiting:g} points {AWAITING})" if waiting else ""
+            lines.append(f"{assignment} {student}: {score:g}/{total:g}{pending}{took}")
             lines += [f"    {p}" for p in problems]
     (work / "report.txt").write_text("\n".join(lines) + "\n")
     return lines, rows
+
+
+def read_timings(work: Path) -> dict:
+    """[wall, CPU] seconds per graded submission, retries included, from earlier runs."""
+    path = work / "timings.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def export_only(work: Path, late_penalty: str | None = None) -> dict:
+    """After hand grading: no notebook runs; late penalties follow the current scores (by
+    ``late_penalty``, default the rule the class was graded with), and grades.csv, cells.csv,
+    report.txt and the feedback are written again from the gradebook."""
+    work = work.resolve()
+    if not (work / "gradebook.db").exists():
+        raise SystemExit(f"error: no gradebook in {work}: grade the class first")
+    if late_penalty is not None:
+        write_config(work, None, late_penalty)
+    with gradebook(work) as gb:
+        assignments = sorted(a.name for a in gb.assignments)
+    write_feedback(work, [a for a in assignments if any((work / "autograded").glob(f"*/{a}"))])
+    timings = read_timings(work)
+    lines, rows = write_outputs(work, assignments, timings)
+    return {"report": lines, "cells": rows, "timings": timings}
 
 
 # --- the whole pass ---------------------------------------------------------------------------
 
 def grade(submitted: Path, work: Path, assignments: list[str] | None = None, student: str | None = None,
           roster: Path | None = None, timeout: int | None = None, jobs: int = 2,
-          due: dict[str, str] | None = None, late_penalty: str = "none") -> dict:
+          due: dict[str, str] | None = None, late_penalty: str | None = None) -> dict:
     """Grade ``submitted`` into ``work``; return the report lines, cell rows and timings.
     ``due`` maps assignments to due dates (``"2026-12-01 17:00:00 UTC"``); a submission's
-    ``timestamp.txt`` (written by ``nbgrader collect``) after it makes it late."""
+    ``timestamp.txt`` (written by ``nbgrader collect``) after it makes it late; ``late_penalty``
+    (``none`` or ``zero``) is kept in the work folder for later runs."""
     submitted, work = submitted.resolve(), work.resolve()
     assignments = find_assignments(submitted, assignments)
     if not assignments:
@@ -462,11 +598,16 @@ def grade(submitted: Path, work: Path, assignments: list[str] | None = None, stu
 
     problems = {}
     for assignment, s in units:
-        found = prepare(submitted / s / assignment, work / "release" / assignment,
-                        work / "submitted" / s / assignment)
+        found, renamed = prepare(submitted / s / assignment, work / "release" / assignment,
+                                 work / "submitted" / s / assignment)
         if names and s not in names:
             found.append("not on the roster: no name in grades.csv")
         problems[(assignment, s)] = found
+        record = work / "renamed" / assignment / f"{s}.json"
+        record.unlink(missing_ok=True)
+        if renamed:
+            record.parent.mkdir(parents=True, exist_ok=True)
+            record.write_text(json.dumps(renamed))
         shutil.rmtree(work / "progress" / assignment / s, ignore_errors=True)
 
     todo = [u for u in units if any((work / "submitted" / u[1] / u[0]).glob("*.ipynb"))]
@@ -494,19 +635,10 @@ def grade(submitted: Path, work: Path, assignments: list[str] | None = None, stu
     for (assignment, s), found in problems.items():
         (work / "problems" / assignment).mkdir(parents=True, exist_ok=True)
         (work / "problems" / assignment / f"{s}.json").write_text(json.dumps(found))
-    timings_file = work / "timings.json"  # [wall, CPU] seconds per submission, retries included
-    timings = {**(json.loads(timings_file.read_text()) if timings_file.exists() else {}), **seconds_now}
-    timings_file.write_text(json.dumps(timings, indent=1))
+    timings = {**read_timings(work), **seconds_now}
+    (work / "timings.json").write_text(json.dumps(timings, indent=1))
 
-    for assignment in assignments:
-        if student is None:
-            result = api.generate_feedback(assignment, force=True)
-        elif (work / "autograded" / student / assignment).exists():
-            result = api.generate_feedback(assignment, student, force=True)
-        else:
-            continue
-        if not result["success"]:
-            raise SystemExit(f"error: nbgrader generate_feedback {assignment} failed:\n{result.get('log')}")
+    write_feedback(work, assignments, student)
     lines, rows = write_outputs(work, assignments, timings)
     return {"report": lines, "cells": rows, "timings": timings}
 
@@ -524,17 +656,25 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="notebooks graded at once (default 2)")
     parser.add_argument("--due", action="append", default=[], metavar="ASSIGNMENT=DATE",
                         help='due date, e.g. ex01_speculative_loop="2026-12-01 17:00:00 UTC" (repeatable)')
-    parser.add_argument("--late-penalty", choices=("none", "zero"), default="none",
-                        help="what a late submission loses (default none: it is only marked late)")
+    parser.add_argument("--late-penalty", choices=("none", "zero"),
+                        help="what a late submission loses: none (it is only marked late) or zero; "
+                        "default: the rule this work folder was graded with, else none")
+    parser.add_argument("--export-only", action="store_true",
+                        help="run no notebook: after hand grading, recompute late penalties and rewrite "
+                        "grades.csv, cells.csv, report.txt and the feedback from the gradebook")
     args = parser.parse_args()
-    due = dict(item.split("=", 1) for item in args.due)
-    roster = args.roster or args.submitted / "roster.csv"
     start = time.perf_counter()
-    result = grade(args.submitted, args.work, args.assignment, args.student, roster, args.timeout, args.jobs, due,
-                   args.late_penalty)
+    if args.export_only:
+        result = export_only(args.work, args.late_penalty)
+    else:
+        due = dict(item.split("=", 1) for item in args.due)
+        roster = args.roster or args.submitted / "roster.csv"
+        result = grade(args.submitted, args.work, args.assignment, args.student, roster, args.timeout, args.jobs,
+                       due, args.late_penalty)
     print("\n".join(result["report"]))
     work = args.work.resolve()
-    print(f"\ngraded in {time.perf_counter() - start:.0f} s. gradebook: {work / 'gradebook.db'}\n"
+    print(f"\n{'exported' if args.export_only else 'graded'} in {time.perf_counter() - start:.0f} s. "
+          f"gradebook: {work / 'gradebook.db'}\n"
           f"totals: {work / 'grades.csv'}; per cell: {work / 'cells.csv'}; report: {work / 'report.txt'}\n"
           f"feedback: {work / 'feedback'}/<student>/<assignment>/")
 

@@ -16,10 +16,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from execution import GradingExecute  # noqa: E402  (autograder/execution.py)
 from feedback import HideHiddenTests  # noqa: E402  (autograder/feedback.py)
+from late import LatePenaltyCsvExport, ReassessLatePenalty  # noqa: E402  (autograder/late.py)
 
 c = get_config()  # noqa: F821 (provided by traitlets when it loads this file)
 
-c.CourseDirectory.course_id = "specdec"
+load_subconfig(str(HERE / "exchange_config.py"))  # noqa: F821  (course id and exchange root, shared with students)
 c.CourseDirectory.root = str(HERE)
 c.CourseDirectory.source_directory = str(HERE.parent / "solutions")
 c.CourseDirectory.release_directory = str(HERE.parent / "exercises")
@@ -48,5 +49,7 @@ c.GradingExecute.max_output_chars = 20_000
 # grade.py restores deleted cells itself before this and reports them.
 c.OverwriteCells.add_missing_cells = True
 
-# Feedback must not give the hidden tests away (nbgrader issue #917).
-c.GenerateFeedback.preprocessors = [GetGrades, HideHiddenTests, CSSHTMLHeaderPreprocessor]
+# Feedback must not give the hidden tests away (nbgrader issue #917). Late penalties follow the
+# score as it is now, hand grades included, in feedback and in `nbgrader export` (late.py).
+c.GenerateFeedback.preprocessors = [ReassessLatePenalty, GetGrades, HideHiddenTests, CSSHTMLHeaderPreprocessor]
+c.ExportApp.plugin_class = LatePenaltyCsvExport
