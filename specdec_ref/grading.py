@@ -53,6 +53,32 @@ def time_limit(seconds: float, what: str = "this call") -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+def _first_line(error: BaseException, limit: int = 160) -> str:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@contextlib.contextmanager
+def hidden_case(case: str) -> Iterator[None]:
+    """Name a hidden test case in its failure, in words, never by its inputs.
+
+    ``case`` describes the case, e.g. ``"with a one-token prompt"``. A failing assertion inside
+    the block is raised again as ``AssertionError("hidden case <case>: <its message>")`` (so the
+    messages of checks run in hidden cases must not quote their inputs); any other exception, for
+    example one the answer raises, becomes an ``AssertionError`` naming the case and the error's
+    type and first line (shortened): the feedback shows what failed without the hidden test.
+    """
+    try:
+        yield
+    except AssertionError as error:
+        message = _first_line(error, limit=400)
+        raise AssertionError(f"hidden case {case}: {message}" if message else f"hidden case {case} failed") from None
+    except Exception as error:  # noqa: BLE001 (any error of the answer is reported the same way)
+        detail = _first_line(error)
+        raise AssertionError(f"hidden case {case}: your code raised {type(error).__name__}"
+                             + (f": {detail}" if detail else "")) from None
+
+
 class CountingModel:
     """Wrap a model and record every forward call: how many, and how many new positions each
     fed (``input_lengths``) on top of how long a cache (``cache_lengths``, None without one).
