@@ -19,7 +19,8 @@ class Sampler:
         do_sample: sample from the warped distribution instead of taking the argmax.
         temperature: divides the logits (sampling only); must be > 0.
         top_k: keep only the k most likely tokens (sampling only).
-        top_p: keep the smallest set of tokens whose mass reaches top_p (sampling only).
+        top_p: keep the smallest set of tokens whose mass reaches top_p (sampling only); see
+            :meth:`probs` for the exact rule, ties included.
         generator: a seeded ``torch.Generator`` for reproducible runs.
     """
 
@@ -45,14 +46,31 @@ class Sampler:
         return not self.do_sample
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """Warped probabilities for each row of ``logits`` ([..., V] -> [..., V], float32)."""
+        """Warped probabilities for each row of ``logits`` ([..., V] -> [..., V], float32).
+
+        The rule, in ``transformers``' order (``TemperatureLogitsWarper``, ``TopKLogitsWarper``,
+        ``TopPLogitsWarper``):
+
+        1. temperature: the logits are divided by ``temperature``;
+        2. top-k: every logit below the k-th largest is dropped (probability 0); logits equal
+           to the k-th largest are kept, so ties can keep more than k tokens;
+        3. top-p, on the softmax of what is left: the tokens are ordered most probable first,
+           and among equal probabilities the *higher* token id first (``transformers`` sorts
+           ascending with a stable sort and drops from the front). A token is kept while the
+           mass of the tokens before it in that order is below ``top_p``: the token that
+           crosses ``top_p`` is kept, and the most probable token always is. ``top_p = 1``
+           keeps everything;
+        4. the result is renormalised to sum to 1.
+        """
         logits = logits.float() / self.temperature
         if self.top_k is not None and self.top_k < logits.shape[-1]:
             kth_largest = logits.topk(self.top_k, dim=-1).values[..., -1:]
             logits = logits.masked_fill(logits < kth_largest, float("-inf"))
         probs = logits.softmax(dim=-1)
         if self.top_p is not None and self.top_p < 1:
-            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            # Most probable first, ties by higher id first: a stable ascending sort, reversed.
+            ascending, order = probs.sort(dim=-1, stable=True)
+            sorted_probs, order = ascending.flip(-1), order.flip(-1)
             # Keep a token while the mass strictly before it is below top_p: the top token always stays.
             mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
             drop_sorted = mass_before >= self.top_p

@@ -145,6 +145,22 @@ def test_warping_matches_transformers(temperature, top_k, top_p):
     torch.testing.assert_close(ours, expected.softmax(-1), atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("probs, top_p", [([0.2, 0.4, 0.2, 0.2], 0.5), ([0.25] * 4, 0.5), ([0.1] * 10, 0.35),
+                                           ([0.3, 0.3, 0.1, 0.3], 0.6)])
+def test_top_p_ties_keep_the_higher_ids_as_transformers_does(probs, top_p):
+    """Tokens tied at the top-p boundary: the higher ids are kept, the rule Sampler.probs states."""
+    logits = torch.tensor([probs]).log()
+    expected = TopPLogitsWarper(top_p)(None, logits.clone()).softmax(-1)
+    ours = Sampler(do_sample=True, top_p=top_p).probs(logits)
+    torch.testing.assert_close(ours, expected, atol=1e-6, rtol=1e-5)
+    kept = set(ours[0].nonzero().flatten().tolist())
+    boundary = min(probs[i] for i in kept)
+    tied = [i for i, p in enumerate(probs) if p == boundary]
+    kept_tied = [i for i in tied if i in kept]
+    assert len(kept_tied) < len(tied) and kept_tied == tied[len(tied) - len(kept_tied):], \
+        "of the tokens tied at the boundary, the highest ids are kept"
+
+
 def test_dynamic_draft_length_is_exact(tiny_pair):
     """A draft that stops early on a token it is unsure of (min_draft_confidence) keeps
     sampling exact: whether to go on depends only on the drafted prefix, never on the target."""
