@@ -10,6 +10,7 @@ cache the loop verifies with). The tokens produced are exactly those of
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +31,9 @@ class Iteration:
     ``target_cache``: the target's cache length (before verifying, after verifying, after
     the rollback). ``draft_cache``: the draft model's (before drafting, after drafting,
     after the update); ``None`` for drafters without a cache (prompt lookup).
+    ``draft_seconds``: wall time of the drafting; ``verify_seconds``: from the end of
+    drafting to the rollback (the verification pass, the acceptance rule, the rollback).
+    One run's clock on a possibly busy machine: good for a picture, not for a benchmark.
     """
 
     drafts: list[int]
@@ -37,6 +41,15 @@ class Iteration:
     target_token: int
     target_cache: tuple[int, int, int]
     draft_cache: tuple[int, int, int] | None
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+
+    @property
+    def verdicts(self) -> list[str]:
+        """Each draft's fate: "accepted", "rejected" (the first draft the target refused) or
+        "unjudged" (drafts after it, thrown away without a verdict)."""
+        refused = len(self.drafts) - self.accepted
+        return ["accepted"] * self.accepted + ["rejected"] * min(refused, 1) + ["unjudged"] * max(refused - 1, 0)
 
     @property
     def rejected(self) -> list[int]:
@@ -71,7 +84,7 @@ class TracingDrafter:
         self.iterations: list[Iteration] = []
         self.target_cache: list = [None]
         self.target_cache_after_forward = 0
-        self._pending: tuple[list[int], int, int | None, int | None] | None = None
+        self._pending: tuple | None = None
 
     def _draft_cache_length(self) -> int | None:
         cache = getattr(self.inner, "cache", None)
@@ -85,19 +98,24 @@ class TracingDrafter:
     def propose(self, tokens: torch.LongTensor, max_tokens: int, sampler: Sampler) -> Proposal:
         target_before = _cache_length(self.target_cache[0])
         draft_before = self._draft_cache_length()
+        start = time.perf_counter()
         proposal = self.inner.propose(tokens, max_tokens, sampler)
-        self._pending = (proposal.tokens.tolist(), target_before, draft_before, self._draft_cache_length())
+        drafted = time.perf_counter()
+        self._pending = (proposal.tokens.tolist(), target_before, draft_before, self._draft_cache_length(),
+                         drafted - start, drafted)
         return proposal
 
     def update(self, tokens: torch.LongTensor, num_accepted: int) -> None:
         # The loop calls this right after rolling the target cache back.
-        drafts, target_before, draft_before, draft_drafted = self._pending
+        rolled_back = time.perf_counter()
+        drafts, target_before, draft_before, draft_drafted, draft_seconds, drafted = self._pending
         target_after = _cache_length(self.target_cache[0])
         self.inner.update(tokens, num_accepted)
         draft_cache = None if draft_before is None else (draft_before, draft_drafted, self._draft_cache_length())
         self.iterations.append(Iteration(
             drafts=drafts, accepted=num_accepted, target_token=int(tokens[-1]),
             target_cache=(target_before, self.target_cache_after_forward, target_after), draft_cache=draft_cache,
+            draft_seconds=draft_seconds, verify_seconds=rolled_back - drafted,
         ))
 
 
@@ -134,3 +152,91 @@ def trace_generate(
         for handle in handles:
             handle.remove()
     return output, drafter.iterations
+
+
+TIMELINE_COLOURS = {"accepted": "#7fcf7a", "rejected": "#e06666", "unjudged": "#cccccc",
+                    "correction": "#f6a23c", "bonus": "#5b8fd9", "verify": "#9aa9bf"}
+
+
+def plot_timeline(iterations: list[Iteration], ax, decode=None, max_iterations: int = 10) -> None:
+    """Draw the first ``max_iterations`` iterations of a trace on the matplotlib axes ``ax``
+    as a timeline: the draft's steps (one box per drafted token, coloured by its verdict) on
+    the upper row, each verification pass on the lower row, with the token the target added
+    (correction or bonus) marked at its end. ``decode`` (token id -> text) labels the boxes.
+    Times are one run's wall clock (see :class:`Iteration`)."""
+    from matplotlib.patches import Patch
+
+    now = 0.0
+    for it in iterations[:max_iterations]:
+        step = 1e3 * it.draft_seconds / max(1, len(it.drafts))
+        for i, (token, verdict) in enumerate(zip(it.drafts, it.verdicts)):
+            left = now + i * step
+            ax.barh(1, step, left=left, color=TIMELINE_COLOURS[verdict], edgecolor="white")
+            if decode is not None:
+                ax.text(left + step / 2, 1, decode(token).replace("\n", "\u21b5"), ha="center", va="center",
+                        rotation=90, fontsize=7, clip_on=True)
+        now += 1e3 * it.draft_seconds
+        verify = 1e3 * it.verify_seconds
+        ax.barh(0, verify, left=now, color=TIMELINE_COLOURS["verify"], edgecolor="white")
+        now += verify
+        kind = "bonus" if it.bonus else "correction"
+        ax.plot([now], [0.45], marker="v", markersize=9, color=TIMELINE_COLOURS[kind])
+        if decode is not None:
+            ax.text(now, 0.62, decode(it.target_token).replace("\n", "\u21b5"), ha="center", fontsize=7,
+                    color="black")
+    ax.set_yticks([0, 1], ["target\n(verify pass)", "draft\n(one step per token)"])
+    ax.set_ylim(-0.6, 1.6)
+    ax.set_xlabel("wall-clock time since the first draft (ms)")
+    labels = {"accepted": "draft accepted", "rejected": "draft rejected", "unjudged": "draft discarded unjudged",
+              "verify": "target verification pass", "correction": "target's correction (marker)",
+              "bonus": "target's bonus token (marker)"}
+    ax.legend(handles=[Patch(color=TIMELINE_COLOURS[k], label=v) for k, v in labels.items()],
+              loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3, fontsize=8)
+
+
+_CHIP_STYLE = {
+    "accepted": "background:#bfeebb",
+    "rejected": "background:#f5b3b3;text-decoration:line-through",
+    "unjudged": "background:#e6e6e6;color:#888;text-decoration:line-through",
+    "correction": "background:#ffcf85;font-weight:bold",
+    "bonus": "background:#b3d1ff;font-weight:bold",
+}
+_CHIP_MEANING = {"accepted": "draft kept", "rejected": "draft rejected", "unjudged": "draft discarded unjudged",
+                 "correction": "target's correction", "bonus": "target's bonus token"}
+
+
+def _chip(text: str, kind: str, newline: str) -> str:
+    import html
+
+    shown = html.escape(text).replace("\n", newline)
+    return (f'<span title="{_CHIP_MEANING[kind]}" style="{_CHIP_STYLE[kind]};white-space:pre;'
+            f'font-family:monospace;border-radius:3px;padding:0 1px">{shown}</span>')
+
+
+def _target_kind(it: Iteration) -> str:
+    return "bonus" if it.bonus else "correction"
+
+
+def iterations_html(iterations: list[Iteration], decode) -> str:
+    """An HTML table, one row per iteration: the drafts coloured by verdict, then the target's
+    token (correction or bonus), then how many drafts were kept. ``decode``: token id -> text;
+    newlines show as ``↵`` so that each row stays on one line."""
+    legend = " ".join(f'<span style="{_CHIP_STYLE[k]};padding:0 4px">{m}</span>' for k, m in _CHIP_MEANING.items())
+    rows = "".join(
+        f"<tr><td>{n}</td><td style='text-align:left'>"
+        + "".join(_chip(decode(t), kind, "↵") for t, kind in zip(it.drafts, it.verdicts))
+        + " &rarr; " + _chip(decode(it.target_token), _target_kind(it), "↵")
+        + f"</td><td>{it.accepted}/{len(it.drafts)}</td></tr>"
+        for n, it in enumerate(iterations))
+    return (f"<p>{legend}</p><table><tr><th>iteration</th><th style='text-align:left'>drafts &rarr; "
+            f"target's token</th><th>kept</th></tr>{rows}</table>")
+
+
+def written_html(prompt: str, iterations: list[Iteration], decode) -> str:
+    """The text as a reader sees it: the prompt in grey, then every new token coloured by who
+    wrote it (green: drafted and kept; orange or blue: the target's own correction or bonus)."""
+    import html
+
+    written = "".join("".join(_chip(decode(t), "accepted", "\n") for t in it.drafts[: it.accepted])
+                      + _chip(decode(it.target_token), _target_kind(it), "\n") for it in iterations)
+    return f'<pre style="line-height:1.5;white-space:pre-wrap"><span style="color:#999">{html.escape(prompt)}</span>{written}</pre>'

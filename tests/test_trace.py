@@ -93,3 +93,42 @@ def test_hooks_removed_even_on_error(pair):
     assert not target._forward_hooks and not target._forward_pre_hooks
     trace_generate(target, draft, prompt(PROMPT_LEN), max_new_tokens=5)
     assert not target._forward_hooks and not target._forward_pre_hooks
+
+
+def test_iterations_carry_phase_times_and_verdicts_that_a_timeline_draws(pair):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from specdec_ref.trace import plot_timeline
+
+    target, draft = pair
+    _, iterations = trace_generate(target, draft, prompt(PROMPT_LEN), max_new_tokens=30, num_draft_tokens=4)
+    assert all(it.draft_seconds > 0 and it.verify_seconds > 0 for it in iterations if it.drafts)
+    for it in iterations:
+        assert it.verdicts.count("accepted") == it.accepted and it.verdicts.count("rejected") == (not it.bonus)
+        assert len(it.verdicts) == len(it.drafts)
+    fig, ax = plt.subplots()
+    plot_timeline(iterations, ax, decode=str, max_iterations=5)
+    shown = iterations[:5]
+    # one box per drafted token on the draft row, one verify box per iteration on the target row
+    assert len(ax.patches) == sum(len(it.drafts) for it in shown) + len(shown)
+    total_ms = 1e3 * sum(it.draft_seconds + it.verify_seconds for it in shown)
+    right = max(p.get_x() + p.get_width() for p in ax.patches)
+    assert abs(right - total_ms) < 1e-6 * max(1.0, total_ms)
+    plt.close(fig)
+
+
+def test_the_html_views_show_every_token_once_with_its_verdict(pair):
+    from specdec_ref.trace import iterations_html, written_html
+
+    target, draft = pair
+    _, iterations = trace_generate(target, draft, prompt(PROMPT_LEN), max_new_tokens=20, num_draft_tokens=4)
+    table = iterations_html(iterations, decode=lambda t: f"<{t}>")
+    assert table.count("<tr>") == len(iterations) + 1  # a header, then one row per iteration
+    assert table.count('title="draft kept"') == sum(it.accepted for it in iterations)
+    assert table.count('title="target\'s bonus token"') == sum(it.bonus for it in iterations)
+    assert "&lt;" in table  # token text is escaped, not read as HTML
+    text = written_html("the prompt", iterations, decode=str)
+    assert text.count("<span title=") == sum(len(it.emitted) for it in iterations)
