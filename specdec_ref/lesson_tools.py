@@ -1,0 +1,186 @@
+"""Measuring and reporting helpers that lessons 2 and 4 call, kept here so each lesson cell stays short.
+
+- :func:`measure_batch_costs`: the cost of one decode step for ``B`` sequences, in one-sequence
+  steps, as paired ratios (the protocol of :func:`specdec_ref.costs.measure_costs`, applied to
+  batch size instead of draft length).
+- :func:`profile_step`: where one decode step's time goes, at any batch size, as parts of one
+  total (the parts' medians add up to the total the shares are taken of).
+- :func:`whole_percentages`: shares rounded to whole percents that still add up to 100.
+- :func:`rejection_output_distribution`: the exact distribution of the first token the
+  speculative-sampling rule emits when the draft samples from one distribution and the verifier
+  is told another (equal to the target's when the two are the same).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .inputs import check_context, clock as device_clock
+from .kv_cache import new_cache, rollback
+from .timing import quartiles
+
+# The parts profile_step splits a step into, in display order.
+STEP_PARTS = ("weight matmuls", "attention", "concatenation", "other ops", "outside ops")
+
+
+@dataclass(frozen=True)
+class BatchCosts:
+    """Decode-step costs at several batch sizes, in units of one one-sequence step."""
+
+    context: int
+    step_seconds: float  # median one-sequence step (one new token on a ``context``-token cache)
+    cost: dict[int, float]  # batch -> median of (B-sequence step / one-sequence step), paired
+    spread: dict[int, tuple[float, float]]  # batch -> interquartile range of those ratios
+
+    def tokens_per_second(self, batch: int) -> float:
+        """Tokens per second at ``batch``: B tokens per step, a step of ``cost[B]`` one-sequence steps."""
+        return batch / (self.cost[batch] * self.step_seconds)
+
+
+@torch.inference_mode()
+def measure_batch_costs(model: torch.nn.Module, context: int, batches: Iterable[int], rounds: int = 5,
+                        warmup: int = 1, clock: Callable[[], float] | None = None) -> BatchCosts:
+    """Time one decode step for each batch size in ``batches`` against a one-sequence step.
+
+    Each round times, for every batch size, a one-sequence step and the B-sequence step back to
+    back (alternating which goes first from round to round) and keeps their ratio, so load that
+    slows a moment slows both passes of a pair; ``warmup`` rounds are discarded. An untimed
+    one-sequence step precedes each pair, so that neither of its passes pays for the caches the
+    previous pair's larger step evicted (use an even ``rounds`` for equally many of each order). Every sequence
+    has its own ``context``-token KV cache (random ids), rolled back after each step.
+    ``clock`` is injectable so the protocol can be tested without real time.
+    """
+    batches = sorted(set(batches))
+    if not batches or any(not isinstance(b, int) or b < 1 for b in batches):
+        raise ValueError(f"batches must be integers >= 1, got {batches!r}")
+    if rounds < 1 or warmup < 0 or context < 1:
+        raise ValueError(f"need rounds >= 1, warmup >= 0 and context >= 1 (got {rounds}, {warmup}, {context})")
+    check_context(model, context + 1, "model")
+    now = clock or device_clock(model.device)
+    generator = torch.Generator().manual_seed(0)
+
+    def step_for(batch: int) -> Callable[[], None]:
+        ids = torch.randint(0, model.config.vocab_size, (batch, context + 1), generator=generator).to(model.device)
+        cache = new_cache(model)
+        model(ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+
+        def step() -> None:
+            model(ids[:, context:], past_key_values=cache, use_cache=True, logits_to_keep=1)
+            rollback(cache, context)
+        return step
+
+    def seconds(run: Callable[[], None]) -> float:
+        start = now()
+        run()
+        return now() - start
+
+    one = step_for(1)
+    steps = {b: (one if b == 1 else step_for(b)) for b in batches}
+    ratios: dict[int, list[float]] = {b: [] for b in batches}
+    one_step: list[float] = []
+    for round_ in range(warmup + rounds):
+        for batch, run in steps.items():
+            one()  # untimed: both timed passes start from the same state
+            if round_ % 2 == 0:
+                base, other = seconds(one), seconds(run)
+            else:
+                other = seconds(run)
+                base = seconds(one)
+            if round_ >= warmup:
+                ratios[batch].append(other / base)
+                one_step.append(base)
+    return BatchCosts(context=context, step_seconds=statistics.median(one_step),
+                      cost={b: statistics.median(r) for b, r in ratios.items()},
+                      spread={b: quartiles(r) for b, r in ratios.items()})
+
+
+def _part(name: str) -> str:
+    from .fast import LINEAR_OPS
+
+    if name in LINEAR_OPS:
+        return "weight matmuls"
+    if "scaled_dot_product" in name:
+        return "attention"
+    if name == "aten::cat":
+        return "concatenation"
+    return "other ops"
+
+
+@torch.inference_mode()
+def profile_step(model: torch.nn.Module, context: int = 64, batch: int = 1, repeats: int = 3,
+                 seed: int = 0) -> dict[str, float]:
+    """Where one decode step of ``batch`` sequences goes, in seconds per step (medians of ``repeats``).
+
+    One token per sequence on a ``context``-token KV cache, under ``torch.profiler``, after a
+    warm-up step. Top-level ops are counted once, children included: ``weight matmuls``
+    (``nn.Linear`` and the fast path's kernels), ``attention`` (fused scaled-dot-product
+    attention), ``concatenation`` (``aten::cat``: transformers' dynamic KV cache appends each
+    new key and value by concatenating it to the whole cache, which copies the cache; rotary
+    embeddings concatenate a little too), ``other ops``, and ``outside ops`` (wall time in no op:
+    Python and ``transformers`` glue). ``total`` is the sum of those five medians, so the shares
+    ``part / total`` add up to 1; the profiler adds a little time to every op.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    from .fast import _silenced_stderr
+
+    if batch < 1 or repeats < 1 or context < 1:
+        raise ValueError(f"need batch, repeats and context >= 1 (got {batch}, {repeats}, {context})")
+    check_context(model, context + 1, "model")
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (batch, context + 1), generator=generator).to(model.device)
+    cache = new_cache(model)
+    model(ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    steps = []
+    for i in range(repeats + 1):  # the first step is the warm-up
+        with _silenced_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
+            model(ids[:, context:], past_key_values=cache, use_cache=True, logits_to_keep=1)
+            wall = time.perf_counter() - start
+        rollback(cache, context)
+        if not i:
+            continue
+        step = dict.fromkeys(STEP_PARTS, 0.0)
+        for event in prof.events():
+            if event.cpu_parent is None:
+                step[_part(event.name)] += event.cpu_time_total / 1e6
+        step["outside ops"] = max(0.0, wall - sum(step.values()))
+        steps.append(step)
+    parts = {part: statistics.median(s[part] for s in steps) for part in STEP_PARTS}
+    return parts | {"total": sum(parts.values())}
+
+
+def whole_percentages(values: Sequence[float]) -> list[int]:
+    """Each value's share of their sum in whole percents, rounded so that the shares add up to
+    exactly 100 (largest remainder: the shares that lost most to rounding down get the rest)."""
+    if not values or any(v < 0 for v in values) or sum(values) <= 0:
+        raise ValueError(f"need non-negative values with a positive sum, got {list(values)!r}")
+    exact = [100 * v / sum(values) for v in values]
+    shares = [int(e) for e in exact]
+    for i in sorted(range(len(exact)), key=lambda i: shares[i] - exact[i])[: 100 - sum(shares)]:
+        shares[i] += 1
+    return shares
+
+
+def rejection_output_distribution(p: torch.Tensor, q_sampled: torch.Tensor,
+                                  q_told: torch.Tensor | None = None) -> torch.Tensor:
+    """The exact distribution of the first token one round of speculative sampling emits.
+
+    The draft samples ``x ~ q_sampled``; the verifier, told ``q_told`` (default: ``q_sampled``),
+    keeps ``x`` with probability ``min(1, p(x) / q_told(x))`` and otherwise emits a sample of the
+    normalised residual ``max(0, p - q_told)``. With ``q_told == q_sampled`` the result is ``p``;
+    with another ``q_told`` it shows exactly where the output goes wrong.
+    """
+    p, q_sampled = p.double(), q_sampled.double()
+    q_told = q_sampled if q_told is None else q_told.double()
+    ratio = torch.where(q_told > 0, p / q_told.clamp_min(1e-300), torch.ones_like(p))
+    kept = q_sampled * ratio.clamp(max=1.0)
+    residual = (p - q_told).clamp_min(0.0)
+    rejected = 1.0 - kept.sum()
+    if residual.sum() <= 0:
+        return kept
+    return kept + rejected * residual / residual.sum()
