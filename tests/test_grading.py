@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "autograder"))
 import grade  # noqa: E402  (autograder/grade.py)
 
+pytestmark = pytest.mark.slow  # real nbgrader over the class: minutes (scripts/test.sh -m "not slow" skips it)
+
 SAMPLES = ROOT / "autograder" / "samples"
 ASSIGNMENTS = sorted(p.name for p in (ROOT / "solutions").iterdir() if any(p.glob("*.ipynb"))
                      if p.name in os.environ.get("SPECDEC_GRADE_ONLY", p.name).split(","))

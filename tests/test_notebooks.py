@@ -47,6 +47,7 @@ def test_stderr_outputs_are_found():
     assert stderr_outputs(notebook) == ["cell 1: 'careful'"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_lesson_executes(path):
     notebook = nbformat.read(path, as_version=4)

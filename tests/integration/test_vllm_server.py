@@ -31,7 +31,7 @@ from specdec_ref import autoregressive_generate, speculative_generate, zoo
 from specdec_ref.ngram import PromptLookupDrafter
 from specdec_ref.vllm import SpecDecodeMetrics, VLLMServer, process_group_members
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 K = 5  # tokens drafted per step, the same for vLLM and specdec_ref
 MAX_NEW_TOKENS = 48

@@ -18,7 +18,7 @@ import pytest
 
 from specdec_ref import bf16_weights
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "vllm_vs_fast.py"
 PROMPTS = 2
