@@ -12,13 +12,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
-from test_notebooks import stderr_outputs
+from test_notebooks import errors_of, execute_notebooks, stderr_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSIGNMENTS = sorted(p.name for p in (ROOT / "solutions").iterdir() if any(p.glob("*.ipynb")))
-CELL_TIMEOUT_SECONDS = 300
 
 # assignment -> (text in a cell, what it becomes here)
 SMALLER = {
@@ -35,20 +33,33 @@ def test_every_smaller_workload_names_an_assignment():
     assert set(SMALLER) <= set(ASSIGNMENTS)
 
 
+@pytest.fixture(scope="module")
+def executed_solutions(tmp_path_factory) -> dict:
+    """Every solution, with its smaller workloads, executed two at a time outside the grader."""
+    out = tmp_path_factory.mktemp("learner_path")
+    jobs = {}
+    for assignment in ASSIGNMENTS:
+        path = ROOT / "solutions" / assignment / f"{assignment}.ipynb"
+        notebook = nbformat.read(path, as_version=4)
+        for old, new in SMALLER.get(assignment, []):
+            cells = [cell for cell in notebook.cells if old in cell.source]
+            assert len(cells) == 1, f"{assignment}: expected one cell with {old!r}, found {len(cells)}"
+            cells[0].source = cells[0].source.replace(old, new)
+        nbformat.write(notebook, out / f"{assignment}.ipynb")
+        jobs[assignment] = (out / f"{assignment}.ipynb", path.parent)  # the kernel runs in the solution's folder
+    env = {k: v for k, v in os.environ.items() if k != "SPECDEC_GRADING"}
+    return execute_notebooks(jobs, out, env)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
-def test_the_solution_runs_end_to_end_outside_the_autograder(assignment, monkeypatch):
-    monkeypatch.delenv("SPECDEC_GRADING", raising=False)
-    path = ROOT / "solutions" / assignment / f"{assignment}.ipynb"
-    notebook = nbformat.read(path, as_version=4)
-    for old, new in SMALLER.get(assignment, []):
-        cells = [cell for cell in notebook.cells if old in cell.source]
-        assert len(cells) == 1, f"{assignment}: expected one cell with {old!r}, found {len(cells)}"
-        cells[0].source = cells[0].source.replace(old, new)
-    NotebookClient(notebook, timeout=CELL_TIMEOUT_SECONDS, kernel_name="python3",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+def test_the_solution_runs_end_to_end_outside_the_autograder(assignment, executed_solutions):
+    notebook = executed_solutions[assignment]
+    assert not isinstance(notebook, str), f"{assignment} did not run to the end:\n{notebook}"
+    errors = errors_of(notebook)
+    assert not errors, f"{assignment} raised:\n" + "\n".join(errors)
     text = "".join(output.get("text", "") for cell in notebook.cells if cell.cell_type == "code"
                    for output in cell.get("outputs", []))
-    assert "skipped under the autograder" not in text and "SPECDEC_GRADING" not in os.environ
+    assert "skipped under the autograder" not in text
     noise = stderr_outputs(notebook)
     assert not noise, f"{assignment} writes to stderr (silence warnings and progress bars): " + "; ".join(noise)

@@ -1,7 +1,16 @@
 """Every lesson notebook is committed clean and runs end to end in a real Jupyter kernel,
-with no error and nothing on stderr (warnings, progress bars) for a learner to ignore."""
+with no error and nothing on stderr (warnings, progress bars) for a learner to ignore.
+
+``execute_notebooks`` runs several notebooks two at a time, each in its own process with one
+torch thread (two kernels with two threads each on two cores stall each other: torch's threads
+spin-wait); the learner path uses it for the assignments' solutions.
+"""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
@@ -12,6 +21,43 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.i
 # A hung cell fails the lesson after this long instead of stalling the suite (a lesson's whole
 # budget is 5 minutes on a 2-core CPU; no single cell should come near it).
 CELL_TIMEOUT_SECONDS = 300
+
+_RUN_ONE = """
+import sys, nbformat
+from nbclient import NotebookClient
+source, folder, executed, timeout = sys.argv[1:5]
+notebook = nbformat.read(source, as_version=4)
+NotebookClient(notebook, timeout=int(timeout), kernel_name="python3", allow_errors=True,
+               resources={"metadata": {"path": folder}}).execute()
+nbformat.write(notebook, executed)
+"""
+
+
+def execute_notebooks(jobs: dict[str, tuple[Path, Path]], out: Path, env: dict[str, str] | None = None,
+                      workers: int = 2) -> dict[str, nbformat.NotebookNode | str]:
+    """Execute notebooks ``name -> (file, folder the kernel runs in)`` ``workers`` at a time, each
+    in its own process with one torch thread; return each executed notebook (errors kept in its
+    cells' outputs), or the runner's stderr when the run itself failed (a cell timed out)."""
+    env = {**(env or os.environ), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+    def run(name: str) -> nbformat.NotebookNode | str:
+        source, folder = jobs[name]
+        executed = out / f"{name}.executed.ipynb"
+        done = subprocess.run([sys.executable, "-c", _RUN_ONE, str(source), str(folder), str(executed),
+                               str(CELL_TIMEOUT_SECONDS)], env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            return done.stderr[-4000:]
+        return nbformat.read(executed, as_version=4)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return dict(zip(jobs, pool.map(run, jobs)))
+
+
+def errors_of(notebook: nbformat.NotebookNode) -> list[str]:
+    """One entry per cell that raised: its index, the error and the traceback's last lines."""
+    return [f"cell {i}: {out['ename']}: {out['evalue']}\n" + "\n".join(out.get("traceback", [])[-3:])
+            for i, cell in enumerate(notebook.cells) if cell.cell_type == "code"
+            for out in cell.get("outputs", []) if out.get("output_type") == "error"]
 
 
 def test_there_are_lessons():
@@ -47,9 +93,20 @@ def test_stderr_outputs_are_found():
     assert stderr_outputs(notebook) == ["cell 1: 'careful'"]
 
 
+def test_the_runner_reports_errors_and_stderr(tmp_path):
+    """The parallel runner keeps what the checks read: an error and stderr are found, by cell."""
+    cells = [nbformat.v4.new_code_cell("import sys; sys.stderr.write('careful')"), nbformat.v4.new_code_cell("1 / 0")]
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), tmp_path / "bad.ipynb")
+    executed = execute_notebooks({"bad": (tmp_path / "bad.ipynb", tmp_path)}, tmp_path)["bad"]
+    assert errors_of(executed)[0].startswith("cell 1: ZeroDivisionError")
+    assert stderr_outputs(executed) == ["cell 0: 'careful'"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_lesson_executes(path):
+    # One lesson at a time, in this process's kernel manager: lessons time things, and several
+    # run real models for minutes; two at a time on two cores pushed a cell past its timeout.
     notebook = nbformat.read(path, as_version=4)
     # Raises CellExecutionError, with the cell and its traceback, if any cell fails.
     NotebookClient(notebook, timeout=CELL_TIMEOUT_SECONDS, kernel_name="python3",
