@@ -1,0 +1,80 @@
+"""specdec_ref.paired: the rotation, paired ratios, the words they choose, and costs read off runs."""
+from __future__ import annotations
+
+import pytest
+
+from specdec_ref.paired import (in_run_costs, paired_ratio, recording, side_of, speed_phrase, speed_verdict,
+                                time_rotated)
+from specdec_ref.stats import GenerationOutput, GenerationStats
+
+
+def fake_clock_and_fns(costs):
+    """Functions that advance a virtual clock by their cost, and record the order they ran in."""
+    state = {"now": 0.0, "order": []}
+
+    def make(name):
+        def run():
+            state["now"] += costs[name]
+            state["order"].append(name)
+        return run
+    return (lambda: state["now"]), {name: make(name) for name in costs}, state
+
+
+def test_time_rotated_rotates_the_order_and_times_each_call():
+    clock, fns, state = fake_clock_and_fns({"a": 3.0, "b": 2.0, "c": 1.0})
+    seconds = time_rotated(fns, warmup=1, repeats=3, clock=clock)
+    assert seconds == {"a": [3.0] * 3, "b": [2.0] * 3, "c": [1.0] * 3}
+    # warm-up in order, then each round starts one method later
+    assert state["order"] == list("abc") + list("abc") + list("bca") + list("cab")
+
+
+def test_time_rotated_rejects_bad_arguments():
+    with pytest.raises(ValueError):
+        time_rotated({}, repeats=1)
+    with pytest.raises(ValueError):
+        time_rotated({"a": lambda: None}, repeats=0)
+
+
+def test_paired_ratio_is_per_round():
+    ratio, (low, high) = paired_ratio([2.0, 4.0, 3.0], [1.0, 2.0, 1.0])
+    assert ratio == 2.0 and low == 2.0 and high == 2.5
+    with pytest.raises(ValueError):
+        paired_ratio([1.0], [1.0, 2.0])
+
+
+@pytest.mark.parametrize("ratio, spread, verdict", [
+    (1.3, (1.1, 1.4), "faster"),
+    (0.5, (0.4, 0.6), "slower"),
+    (1.05, (0.98, 1.13), "no measurable difference"),
+    (1.0, (1.0, 1.0), "no measurable difference"),
+])
+def test_speed_verdict_names_a_side_only_when_the_whole_spread_is_on_it(ratio, spread, verdict):
+    assert speed_verdict(ratio, spread) == verdict
+    phrase = speed_phrase(ratio, spread, "the baseline")
+    assert "the baseline" in phrase and f"{spread[0]:.2f}-{spread[1]:.2f}" in phrase
+    assert ("no measurable difference" in phrase) == (verdict == "no measurable difference")
+
+
+def test_side_of():
+    assert side_of((1.6, 1.8), (1.3, 1.5)) == "above"
+    assert side_of((0.9, 1.1), (1.3, 1.5)) == "below"
+    assert side_of((1.4, 1.6), (1.3, 1.5)) == "overlapping"
+
+
+def test_in_run_costs_uses_the_baselines_decode_steps_as_the_unit():
+    # two baseline runs: prefill + 4 decode steps of 10 ms each
+    base = [GenerationStats(target_forward_calls=5, prefill_seconds=0.05, verify_seconds=0.04) for _ in range(2)]
+    # 3 iterations: 12 draft passes of 2 ms, verification passes of 15 ms
+    spec = [GenerationStats(iterations=3, draft_forward_calls=12, draft_seconds=0.024, verify_seconds=0.045)]
+    c, v = in_run_costs(base, spec)
+    assert c == pytest.approx(0.2) and v == pytest.approx(1.5)
+    with pytest.raises(ValueError):
+        in_run_costs([], spec)
+
+
+def test_recording_keeps_each_outputs_stats():
+    into = []
+    outputs = [GenerationOutput(sequences=None, stats=GenerationStats(new_tokens=n)) for n in (3, 4)]
+    run = recording(lambda: outputs, into)
+    assert run() == outputs and run() == outputs
+    assert [s.new_tokens for s in into] == [3, 4, 3, 4]
