@@ -51,7 +51,7 @@ def threads_for_timing(sample_seconds: float = 0.5) -> str:
     busy = psutil.cpu_percent(interval=sample_seconds) / 100 * cores  # this process sleeps meanwhile
     threads = threads_to_use(cores, busy)
     torch.set_num_threads(threads)
-    if busy >= 0.5:  # others hold at least half a core: the figures below are those of fewer cores
+    if busy > 0.5:  # others hold over half a core (threads_to_use gives one up): figures of fewer cores
         fewer = f" instead of {DEFAULT_THREADS}" if threads < DEFAULT_THREADS else ""
         return (f"Other processes keep {busy:.1f} of {cores} cores busy: timing with {threads} torch thread(s)"
                 f"{fewer}. Timings below are slower and noisier than on a quiet machine; rerun when it is idle "
