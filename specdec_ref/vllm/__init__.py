@@ -12,7 +12,12 @@ Four small pieces, usable on their own:
 * :class:`SpecDecodeMetrics` reads the ``vllm:spec_decode_*`` counters from
   ``/metrics`` and turns them into the course's acceptance figures.
 
-They live in ``command``, ``server``, ``client`` and ``metrics``; everything
+For readers without vLLM, ``recorded`` keeps a run's results in a small JSON file with
+the machine and versions that produced them (:func:`record_run`,
+:func:`load_recorded_run`, :func:`recorded_label`); :class:`ScriptRun` runs a script,
+such as one using vLLM's offline ``LLM`` API, in vLLM's own environment.
+
+They live in ``command``, ``server``, ``client``, ``metrics`` and ``recorded``; everything
 public is importable from here.  Only the standard library and tqdm are used,
 so the package imports without vLLM: the server usually runs from a separate
 virtual environment (``launcher``).
@@ -20,22 +25,42 @@ virtual environment (``launcher``).
 from .client import Completion, OpenAIClient, VLLMClientError, iter_sse_data
 from .command import SPECULATIVE_METHODS, resolve_model, serve_command, speculative_config
 from .metrics import PrometheusSample, SpecDecodeMetrics, parse_prometheus_text
+from .recorded import (
+    RECORDED_FORMAT,
+    ScriptRun,
+    busy_cores_elsewhere,
+    compile_cache_status,
+    environment_versions,
+    load_recorded_run,
+    machine_description,
+    record_run,
+    recorded_label,
+)
 from .server import VLLMServer, VLLMServerError, cpu_env, port_in_use, process_group_members, venv_launcher
 
 __all__ = [
+    "RECORDED_FORMAT",
     "SPECULATIVE_METHODS",
     "Completion",
     "OpenAIClient",
     "PrometheusSample",
+    "ScriptRun",
     "SpecDecodeMetrics",
     "VLLMClientError",
     "VLLMServer",
     "VLLMServerError",
+    "busy_cores_elsewhere",
+    "compile_cache_status",
     "cpu_env",
+    "environment_versions",
     "iter_sse_data",
+    "load_recorded_run",
+    "machine_description",
     "parse_prometheus_text",
     "port_in_use",
     "process_group_members",
+    "record_run",
+    "recorded_label",
     "resolve_model",
     "serve_command",
     "speculative_config",
