@@ -242,15 +242,15 @@ def decode_step_speedup(model: torch.nn.Module, fast_model: torch.nn.Module, con
     """How much faster ``fast_model`` runs one decode step than ``model``: the median of
     ``pairs`` paired ratios (eager seconds / fast seconds, alternating which goes first, after
     a warm-up pair), each step one token on a ``context``-token cache, rolled back after."""
-    steps = [_decode_step(version, context, seed) for version in (model, fast_model)]
+    steps = [decode_step(version, context, seed) for version in (model, fast_model)]
     return time_paired(*steps, warmup=1, repeats=pairs)["median_ratio"]
 
 
-def _decode_step(model: torch.nn.Module, context: int, seed: int):
-    """A function that decodes one (seeded random) token on a ``context``-token cache of
-    ``model`` and rolls the cache back, so that every call does the same work."""
+def decode_step(model: torch.nn.Module, context: int, seed: int = 0, batch: int = 1):
+    """A function that decodes one (seeded random) token per sequence on a ``context``-token
+    cache of ``batch`` sequences and rolls the cache back, so that every call does the same work."""
     generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.config.vocab_size, (1, context + 1), generator=generator).to(model.device)
+    ids = torch.randint(0, model.config.vocab_size, (batch, context + 1), generator=generator).to(model.device)
     cache = new_cache(model)
     model(ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
 
@@ -521,7 +521,7 @@ def profile_decode_step(model: torch.nn.Module, context: int = 128, repeats: int
     """
     from torch.profiler import ProfilerActivity, profile
 
-    decode = _decode_step(model, context, seed)
+    decode = decode_step(model, context, seed)
     steps = []
     for i in range(repeats + 1):  # the first step is the warm-up
         with _silenced_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:

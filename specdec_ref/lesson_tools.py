@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .fast import decode_step
 from .inputs import check_context, clock as device_clock
 from .kv_cache import new_cache, rollback
 from .timing import quartiles
@@ -61,17 +62,9 @@ def measure_batch_costs(model: torch.nn.Module, context: int, batches: Iterable[
         raise ValueError(f"need rounds >= 1, warmup >= 0 and context >= 1 (got {rounds}, {warmup}, {context})")
     check_context(model, context + 1, "model")
     now = clock or device_clock(model.device)
-    generator = torch.Generator().manual_seed(0)
 
     def step_for(batch: int) -> Callable[[], None]:
-        ids = torch.randint(0, model.config.vocab_size, (batch, context + 1), generator=generator).to(model.device)
-        cache = new_cache(model)
-        model(ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
-
-        def step() -> None:
-            model(ids[:, context:], past_key_values=cache, use_cache=True, logits_to_keep=1)
-            rollback(cache, context)
-        return step
+        return decode_step(model, context, seed=batch, batch=batch)
 
     def seconds(run: Callable[[], None]) -> float:
         start = now()
