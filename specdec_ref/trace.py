@@ -10,6 +10,7 @@ cache the loop verifies with). The tokens produced are exactly those of
 """
 from __future__ import annotations
 
+import html
 import time
 from dataclasses import dataclass
 
@@ -206,8 +207,6 @@ _CHIP_MEANING = {"accepted": "draft kept", "rejected": "draft rejected", "unjudg
 
 
 def _chip(text: str, kind: str, newline: str) -> str:
-    import html
-
     shown = html.escape(text).replace("\n", newline)
     return (f'<span title="{_CHIP_MEANING[kind]}" style="{_CHIP_STYLE[kind]};white-space:pre;'
             f'font-family:monospace;border-radius:3px;padding:0 1px">{shown}</span>')
@@ -235,8 +234,6 @@ def iterations_html(iterations: list[Iteration], decode) -> str:
 def written_html(prompt: str, iterations: list[Iteration], decode) -> str:
     """The text as a reader sees it: the prompt in grey, then every new token coloured by who
     wrote it (green: drafted and kept; orange or blue: the target's own correction or bonus)."""
-    import html
-
     written = "".join("".join(_chip(decode(t), "accepted", "\n") for t in it.drafts[: it.accepted])
                       + _chip(decode(it.target_token), _target_kind(it), "\n") for it in iterations)
     return f'<pre style="line-height:1.5;white-space:pre-wrap"><span style="color:#999">{html.escape(prompt)}</span>{written}</pre>'
