@@ -107,10 +107,13 @@ def test_the_runner_reports_errors_and_stderr(tmp_path):
 def test_lesson_executes(path):
     # One lesson at a time, in this process's kernel manager: lessons time things, and several
     # run real models for minutes; two at a time on two cores pushed a cell past its timeout.
+    # (scripts/test.sh runs the vLLM stream beside them, with one torch thread per process.)
     notebook = nbformat.read(path, as_version=4)
     # Raises CellExecutionError, with the cell and its traceback, if any cell fails.
     NotebookClient(notebook, timeout=CELL_TIMEOUT_SECONDS, kernel_name="python3",
                    resources={"metadata": {"path": str(path.parent)}}).execute()
+    if os.environ.get("SPECDEC_EXECUTED_LESSONS"):  # keep the executed copy for reading
+        nbformat.write(notebook, Path(os.environ["SPECDEC_EXECUTED_LESSONS"]) / path.name)
     noise = stderr_outputs(notebook)
     assert not noise, f"{path.name} writes to stderr (silence warnings and progress bars): " + "; ".join(noise)
     text = "".join(output.get("text", "") for cell in notebook.cells if cell.cell_type == "code"
