@@ -161,10 +161,10 @@ def test_the_example_prompts_file_renders_with_smollm2s_chat_template(real_pair)
 def test_the_eagle_recipe_runs_end_to_end(tmp_path):
     """`python -m specdec_ref.zoo.eagle --budget tiny`: continuations stored, a head trained and
     saved with its manifest entries; it drafts for SmolLM2 with greedy output unchanged; a rerun
-    adds continuations instead of regenerating them."""
+    adds continuations instead of regenerating them, and so does the generation stage alone."""
     from specdec_ref.eagle import EagleDrafter
     from specdec_ref.zoo import load_eagle
-    from specdec_ref.zoo.eagle import build
+    from specdec_ref.zoo.eagle import BUDGETS, build, grow_data
 
     out, work, data = tmp_path / "zoo", tmp_path / "work", tmp_path / "data"
     out.mkdir()
@@ -185,6 +185,10 @@ def test_the_eagle_recipe_runs_end_to_end(tmp_path):
     assert torch.equal(out_ids.sequences, autoregressive_generate(target, ids, 12, eos_token_id=[]).sequences)
     build(out, work / "again", "tiny", data=data)  # a second run, with its own checkpoint folder
     assert len(list(data.iterdir())) == 4  # one more batch of each kind after those stored
+    # `--only-generate MINUTES`: stage 1 alone grows the data (the first sampled batch always runs)
+    grown = grow_data(target, tokenizer, data, BUDGETS["tiny"], sampled_minutes=0.001)
+    assert grown["files"] == len(list(data.iterdir())) == 6 and grown["sequences"] == 24
+    assert 0 < grown["continuation_tokens"] < grown["tokens"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -89,9 +89,9 @@ def cpu_env(
     ``VLLM_CPU_KVCACHE_SPACE`` (the KV cache in GiB, taken from system memory) and
     ``VLLM_CACHE_ROOT``: ``compile_cache``, else the one ``base`` names, else the
     course's cache folder (``$SPECDEC_CACHE/vllm``, default ``~/.cache/specdec/vllm``).
-    vLLM keeps its torch.compile output there, keyed by model and configuration: the
-    first start of a configuration compiles for a minute or more on 2 cores, later
-    starts of the same configuration load the result.
+    vLLM writes its torch.compile output there, keyed by model and configuration, for
+    later starts to load; with vLLM 0.32 (CPU build) on torch 2.13 the load fails and each
+    start compiles again (``compile_cache_status`` reads which happened from the log).
 
     vLLM warns that speculative decoding on CPU is much slower without Intel
     OpenMP (``libiomp5.so``, shipped in the venv) in ``LD_PRELOAD``.  On 2

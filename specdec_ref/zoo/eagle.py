@@ -1,6 +1,7 @@
 """Train ``zoo:smollm2-eagle``: an EAGLE-style draft head that reads SmolLM2's own features.
 
     python -m specdec_ref.zoo.eagle --out zoo --budget full
+    python -m specdec_ref.zoo.eagle --only-generate 30     # stage 1 alone: 30 more minutes of data
 
 EAGLE (Li et al. 2024, arXiv:2401.15077) drafts from the target's last hidden state
 instead of from tokens alone: one decoder layer takes (feature at t, embedding of token
@@ -321,6 +322,22 @@ def save(head: EagleHead, vocab: torch.LongTensor, target_config, out: Path, rec
     add_to_manifest(out, folder, "smollm2_eagle", record)
 
 
+def grow_data(target, tokenizer, data: Path, budget: Budget, seed: int = 0,
+              sampled_minutes: float | None = None) -> dict:
+    """Stage 1 alone: the greedy continuations still missing, then sampled ones for
+    ``sampled_minutes`` (the budget's by default). Returns what ``data`` holds now."""
+    texts = training_prompts(tokenizer, budget.code_prompts, seed)
+    generate_continuations(target, tokenizer, texts, data, "greedy", budget.greedy_batches,
+                           budget.greedy_minutes, budget)
+    minutes = budget.sampled_minutes if sampled_minutes is None else sampled_minutes
+    generate_continuations(target, tokenizer, texts, data, "sampled", budget.sampled_batches if sampled_minutes is None
+                           else None, minutes, budget)
+    stored = load_continuations(data)
+    return {"files": len(list(data.glob("*.npz"))), "sequences": len(stored),
+            "tokens": int(sum(len(ids) for ids, _ in stored)),
+            "continuation_tokens": int(sum(len(ids) - n for ids, n in stored))}
+
+
 def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DIR, seed: int = 0,
           generate: bool = True) -> dict:
     """Every stage; returns the record written to the manifest. ``generate=False`` trains on
@@ -332,11 +349,7 @@ def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DI
     budget = BUDGETS[budget_name]
     target, tokenizer = load("zoo:smollm2", dtype=torch.bfloat16 if native_bf16() else torch.float32)
     if generate:
-        texts = training_prompts(tokenizer, budget.code_prompts, seed)
-        generate_continuations(target, tokenizer, texts, data, "greedy", budget.greedy_batches,
-                               budget.greedy_minutes, budget)
-        generate_continuations(target, tokenizer, texts, data, "sampled", budget.sampled_batches,
-                               budget.sampled_minutes, budget)
+        grow_data(target, tokenizer, data, budget, seed)
     stored = load_continuations(data)
     t0 = time.time()
     train_data = target_features(target, [torch.from_numpy(ids) for ids, _ in stored])
@@ -376,9 +389,21 @@ def main() -> None:
                         help="where SmolLM2's continuations are stored (committed; a rerun adds to them)")
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="full", help="time or step budget")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-generate", action="store_true",
-                        help="train on the stored continuations only (stage 1 skipped)")
+    stage = parser.add_mutually_exclusive_group()
+    stage.add_argument("--no-generate", action="store_true",
+                       help="train on the stored continuations only (stage 1 skipped)")
+    stage.add_argument("--only-generate", type=float, metavar="MINUTES",
+                       help="stage 1 alone: add sampled continuations for MINUTES (commit them; "
+                            "a later run trains on everything stored)")
     args = parser.parse_args()
+    if args.only_generate is not None:
+        from specdec_ref.zoo import load
+        from specdec_ref.zoo.train import native_bf16
+
+        target, tokenizer = load("zoo:smollm2", dtype=torch.bfloat16 if native_bf16() else torch.float32)
+        print(json.dumps(grow_data(target, tokenizer, args.data, BUDGETS[args.budget], args.seed,
+                                   args.only_generate), indent=2))
+        return
     print(json.dumps(build(args.out, args.work, args.budget, args.data, args.seed, not args.no_generate),
                      indent=2))
 
