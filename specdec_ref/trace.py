@@ -28,7 +28,8 @@ class Iteration:
 
     ``drafts``: the proposed token ids. ``accepted``: how many of them the target kept
     (a prefix). ``target_token``: the token the target adds itself, the correction of the
-    first rejected draft, or the bonus token when every draft was kept.
+    first rejected draft, the bonus token when every draft was kept, or a plain step's token
+    when nothing was drafted (the drafter had nothing to propose, or one token was left).
     ``target_cache``: the target's cache length (before verifying, after verifying, after
     the rollback). ``draft_cache``: the draft model's (before drafting, after drafting,
     after the update); ``None`` for drafters without a cache (prompt lookup).
@@ -59,8 +60,13 @@ class Iteration:
 
     @property
     def bonus(self) -> bool:
-        """True when every draft was kept, so the target's token is a bonus, not a correction."""
-        return self.accepted == len(self.drafts)
+        """True when there were drafts and every one was kept: the target's token is a bonus."""
+        return bool(self.drafts) and self.accepted == len(self.drafts)
+
+    @property
+    def target_kind(self) -> str:
+        """What the target's token is: "bonus", "correction" or "plain" (nothing was drafted)."""
+        return "bonus" if self.bonus else "correction" if self.drafts else "plain"
 
     @property
     def emitted(self) -> list[int]:
@@ -156,14 +162,14 @@ def trace_generate(
 
 
 TIMELINE_COLOURS = {"accepted": "#7fcf7a", "rejected": "#e06666", "unjudged": "#cccccc",
-                    "correction": "#f6a23c", "bonus": "#5b8fd9", "verify": "#9aa9bf"}
+                    "correction": "#f6a23c", "bonus": "#5b8fd9", "plain": "#8c6bb1", "verify": "#9aa9bf"}
 
 
 def plot_timeline(iterations: list[Iteration], ax, decode=None, max_iterations: int = 10) -> None:
     """Draw the first ``max_iterations`` iterations of a trace on the matplotlib axes ``ax``
     as a timeline: the draft's steps (one box per drafted token, coloured by its verdict) on
     the upper row, each verification pass on the lower row, with the token the target added
-    (correction or bonus) marked at its end. ``decode`` (token id -> text) labels the boxes.
+    (correction, bonus, or a plain step's token) marked at its end. ``decode`` (token id -> text) labels the boxes.
     Times are one run's wall clock (see :class:`Iteration`)."""
     from matplotlib.patches import Patch
 
@@ -180,8 +186,7 @@ def plot_timeline(iterations: list[Iteration], ax, decode=None, max_iterations: 
         verify = 1e3 * it.verify_seconds
         ax.barh(0, verify, left=now, color=TIMELINE_COLOURS["verify"], edgecolor="white")
         now += verify
-        kind = "bonus" if it.bonus else "correction"
-        ax.plot([now], [0.45], marker="v", markersize=9, color=TIMELINE_COLOURS[kind])
+        ax.plot([now], [0.45], marker="v", markersize=9, color=TIMELINE_COLOURS[it.target_kind])
         if decode is not None:
             ax.text(now, 0.62, decode(it.target_token).replace("\n", "\u21b5"), ha="center", fontsize=7,
                     color="black")
@@ -190,7 +195,7 @@ def plot_timeline(iterations: list[Iteration], ax, decode=None, max_iterations: 
     ax.set_xlabel("wall-clock time since the first draft (ms)")
     labels = {"accepted": "draft accepted", "rejected": "draft rejected", "unjudged": "draft discarded unjudged",
               "verify": "target verification pass", "correction": "target's correction (marker)",
-              "bonus": "target's bonus token (marker)"}
+              "bonus": "target's bonus token (marker)", "plain": "plain step, nothing drafted (marker)"}
     ax.legend(handles=[Patch(color=TIMELINE_COLOURS[k], label=v) for k, v in labels.items()],
               loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3, fontsize=8)
 
@@ -201,9 +206,11 @@ _CHIP_STYLE = {
     "unjudged": "background:#e6e6e6;color:#888;text-decoration:line-through",
     "correction": "background:#ffcf85;font-weight:bold",
     "bonus": "background:#b3d1ff;font-weight:bold",
+    "plain": "background:#dccbee;font-weight:bold",
 }
 _CHIP_MEANING = {"accepted": "draft kept", "rejected": "draft rejected", "unjudged": "draft discarded unjudged",
-                 "correction": "target's correction", "bonus": "target's bonus token"}
+                 "correction": "target's correction", "bonus": "target's bonus token",
+                 "plain": "target's token, nothing drafted"}
 
 
 def _chip(text: str, kind: str, newline: str) -> str:
@@ -212,19 +219,15 @@ def _chip(text: str, kind: str, newline: str) -> str:
             f'font-family:monospace;border-radius:3px;padding:0 1px">{shown}</span>')
 
 
-def _target_kind(it: Iteration) -> str:
-    return "bonus" if it.bonus else "correction"
-
-
 def iterations_html(iterations: list[Iteration], decode) -> str:
     """An HTML table, one row per iteration: the drafts coloured by verdict, then the target's
-    token (correction or bonus), then how many drafts were kept. ``decode``: token id -> text;
+    token (correction, bonus or plain step), then how many drafts were kept. ``decode``: token id -> text;
     newlines show as ``↵`` so that each row stays on one line."""
     legend = " ".join(f'<span style="{_CHIP_STYLE[k]};padding:0 4px">{m}</span>' for k, m in _CHIP_MEANING.items())
     rows = "".join(
         f"<tr><td>{n}</td><td style='text-align:left'>"
         + "".join(_chip(decode(t), kind, "↵") for t, kind in zip(it.drafts, it.verdicts))
-        + " &rarr; " + _chip(decode(it.target_token), _target_kind(it), "↵")
+        + " &rarr; " + _chip(decode(it.target_token), it.target_kind, "↵")
         + f"</td><td>{it.accepted}/{len(it.drafts)}</td></tr>"
         for n, it in enumerate(iterations))
     return (f"<p>{legend}</p><table><tr><th>iteration</th><th style='text-align:left'>drafts &rarr; "
@@ -233,7 +236,8 @@ def iterations_html(iterations: list[Iteration], decode) -> str:
 
 def written_html(prompt: str, iterations: list[Iteration], decode) -> str:
     """The text as a reader sees it: the prompt in grey, then every new token coloured by who
-    wrote it (green: drafted and kept; orange or blue: the target's own correction or bonus)."""
+    wrote it (green: drafted and kept; orange, blue or purple: the target's own correction, bonus,
+    or plain step's token)."""
     written = "".join("".join(_chip(decode(t), "accepted", "\n") for t in it.drafts[: it.accepted])
-                      + _chip(decode(it.target_token), _target_kind(it), "\n") for it in iterations)
+                      + _chip(decode(it.target_token), it.target_kind, "\n") for it in iterations)
     return f'<pre style="line-height:1.5;white-space:pre-wrap"><span style="color:#999">{html.escape(prompt)}</span>{written}</pre>'

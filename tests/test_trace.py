@@ -63,9 +63,23 @@ def test_rejected_and_bonus_views(pair):
     _, iterations = trace_generate(target, draft, prompt(PROMPT_LEN), max_new_tokens=40, num_draft_tokens=4,
                                    eos_token_id=[])
     for it in iterations:
-        assert it.bonus == (it.rejected == [])
-        if not it.bonus:  # greedy: the correction differs from the rejected draft
+        assert it.bonus == (bool(it.drafts) and it.rejected == [])
+        if it.rejected:  # greedy: the correction differs from the rejected draft
             assert it.target_token != it.rejected[0]
+
+
+def test_an_iteration_that_drafted_nothing_is_a_plain_step_not_a_bonus():
+    """With one token left (or nothing to copy) the loop drafts nothing: its token is the
+    target's plain step, neither a bonus (no draft was kept) nor a correction."""
+    from specdec_ref.trace import Iteration, iterations_html
+
+    plain = Iteration(drafts=[], accepted=0, target_token=7, target_cache=(5, 6, 6), draft_cache=None)
+    assert not plain.bonus and plain.target_kind == "plain" and plain.verdicts == [] and plain.emitted == [7]
+    kept = Iteration(drafts=[3, 4], accepted=2, target_token=9, target_cache=(5, 8, 8), draft_cache=None)
+    assert kept.bonus and kept.target_kind == "bonus"
+    table = iterations_html([plain, kept], decode=str)
+    assert table.count('title="target\'s token, nothing drafted"') == 1
+    assert table.count('title="target\'s bonus token"') == 1
 
 
 def test_drafter_without_cache(pair):
@@ -107,7 +121,7 @@ def test_iterations_carry_phase_times_and_verdicts_that_a_timeline_draws(pair):
     _, iterations = trace_generate(target, draft, prompt(PROMPT_LEN), max_new_tokens=30, num_draft_tokens=4)
     assert all(it.draft_seconds > 0 and it.verify_seconds > 0 for it in iterations if it.drafts)
     for it in iterations:
-        assert it.verdicts.count("accepted") == it.accepted and it.verdicts.count("rejected") == (not it.bonus)
+        assert it.verdicts.count("accepted") == it.accepted and it.verdicts.count("rejected") == (len(it.rejected) > 0)
         assert len(it.verdicts) == len(it.drafts)
     fig, ax = plt.subplots()
     plot_timeline(iterations, ax, decode=str, max_iterations=5)
