@@ -4,7 +4,9 @@ that follow from a ratio and its spread (never from one run's numbers written in
 :func:`time_rotated` extends :func:`specdec_ref.timing.time_paired` to more than two methods: every
 round runs each method once, in an order that rotates from round to round, so any two methods
 can be compared by their per-round ratios. :func:`speed_verdict` turns such a ratio into words
-("faster", "slower" or "no measurable difference" when the spread straddles 1).
+("faster", "slower" or "no measurable difference" when the spread straddles 1);
+:func:`beyond_same_work` is stricter, naming a side only when the ratio is also further from 1
+than a same-work (A/A) check's, two runs of the same work timed against each other.
 :func:`in_run_costs` reads the draft cost ratio c and the verification cost v off the timings
 that generation runs recorded, for comparison with the isolated passes of
 :func:`specdec_ref.costs.measure_costs`.
@@ -60,16 +62,42 @@ def speed_verdict(ratio: float, spread: tuple[float, float]) -> str:
     return "no measurable difference"
 
 
-def speed_phrase(ratio: float, spread: tuple[float, float], reference: str) -> str:
+def gap_from_one(ratio: float) -> float:
+    """How far a ratio lies from 1, as printed (both rounded to two decimals first): 0.88 and
+    1.12 are both 0.12 from 1, so a verdict drawn from gaps agrees with the figures shown."""
+    return abs(round(float(f"{ratio:.2f}") * 100) - 100) / 100
+
+
+def beyond_same_work(ratio: float, spread: tuple[float, float], same_work: float) -> str:
+    """:func:`speed_verdict`, stricter: "faster" or "slower" only when, besides the whole spread
+    lying on that side, the ratio's :func:`gap_from_one` exceeds that of ``same_work``, the median
+    ratio of a same-work (A/A) check (two runs of the same work timed against each other, whose
+    gap from 1 shows how far the timing itself can be off); "within the same-work check" when it
+    does not; "no measurable difference" when the spread straddles 1."""
+    verdict = speed_verdict(ratio, spread)
+    if verdict != "no measurable difference" and gap_from_one(ratio) <= gap_from_one(same_work):
+        return "within the same-work check"
+    return verdict
+
+
+def speed_phrase(ratio: float, spread: tuple[float, float], reference: str, same_work: float | None = None) -> str:
     """A predicate for a speed ratio against ``reference`` (above 1: faster), with the figures that
     decide it, to follow a subject: e.g. "ran 1.32x as fast as the baseline (IQR 1.29-1.33, above 1)"
-    or "showed no measurable difference from the baseline (median 1.05x, IQR 0.98-1.13 straddles 1)"."""
+    or "showed no measurable difference from the baseline (median 1.05x, IQR 0.98-1.13 straddles 1)".
+    With ``same_work`` (an A/A check's median ratio) the verdict is :func:`beyond_same_work`'s, and
+    the phrase prints both gaps from 1 that decide it."""
     low, high = spread
-    verdict = speed_verdict(ratio, spread)
+    verdict = speed_verdict(ratio, spread) if same_work is None else beyond_same_work(ratio, spread, same_work)
+    against = ("" if same_work is None else f"; {gap_from_one(ratio):.2f} from 1, more than the same-work check's "
+               f"{gap_from_one(same_work):.2f}")
     if verdict == "faster":
-        return f"ran {ratio:.2f}x as fast as {reference} (IQR {low:.2f}-{high:.2f}, above 1)"
+        return f"ran {ratio:.2f}x as fast as {reference} (IQR {low:.2f}-{high:.2f}, above 1{against})"
     if verdict == "slower":
-        return f"ran slower than {reference}, at {ratio:.2f}x its speed (IQR {low:.2f}-{high:.2f}, below 1)"
+        return f"ran slower than {reference}, at {ratio:.2f}x its speed (IQR {low:.2f}-{high:.2f}, below 1{against})"
+    if verdict == "within the same-work check":
+        return (f"ran at {ratio:.2f}x the speed of {reference} (IQR {low:.2f}-{high:.2f}; {gap_from_one(ratio):.2f} "
+                f"from 1, no more than the same-work check's {gap_from_one(same_work):.2f} at {same_work:.2f}x), "
+                "not distinguishable from that check")
     return (f"showed no measurable difference from {reference} "
             f"(median {ratio:.2f}x, IQR {low:.2f}-{high:.2f} straddles 1)")
 
