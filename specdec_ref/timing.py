@@ -54,8 +54,8 @@ def threads_for_timing(sample_seconds: float = 0.5) -> str:
     if busy > 0.5:  # others hold over half a core (threads_to_use gives one up): figures of fewer cores
         fewer = f" instead of {DEFAULT_THREADS}" if threads < DEFAULT_THREADS else ""
         return (f"Other processes keep {busy:.1f} of {cores} cores busy: timing with {threads} torch thread(s)"
-                f"{fewer}. Timings below are slower and noisier than on a quiet machine; rerun when it is idle "
-                f"to compare with the figures the text quotes.")
+                f"{fewer}. Timings below are slower and noisier than on a quiet machine; rerun on an idle "
+                f"machine to compare.")
     return f"Machine quiet ({busy:.1f} of {cores} cores busy elsewhere): timing with {threads} torch threads."
 
 
