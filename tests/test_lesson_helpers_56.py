@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec_ref.paired import (in_run_costs, paired_ratio, recording, side_of, speed_phrase, speed_verdict,
+from specdec_ref.paired import (beyond_same_work, gap_from_one, in_run_costs, paired_ratio, recording, side_of, speed_phrase, speed_verdict,
                                 time_rotated)
 from specdec_ref.stats import GenerationOutput, GenerationStats
 
@@ -78,3 +78,19 @@ def test_recording_keeps_each_outputs_stats():
     run = recording(lambda: outputs, into)
     assert run() == outputs and run() == outputs
     assert [s.new_tokens for s in into] == [3, 4, 3, 4]
+
+
+@pytest.mark.parametrize("ratio, spread, same_work, verdict", [
+    (0.88, (0.86, 0.89), 1.12, "within the same-work check"),   # lesson 6 idle: as far from 1 as the A/A check
+    (0.91, (0.89, 0.93), 1.08, "slower"),                        # 0.09 from 1, beyond the A/A check's 0.08
+    (1.30, (1.25, 1.35), 1.05, "faster"),
+    (1.04, (0.98, 1.08), 1.01, "no measurable difference"),      # the spread straddles 1 whatever the check says
+])
+def test_a_gap_counts_only_beyond_the_same_work_check(ratio, spread, same_work, verdict):
+    assert beyond_same_work(ratio, spread, same_work) == verdict
+    phrase = speed_phrase(ratio, spread, "plain decoding", same_work=same_work)
+    assert (f"{gap_from_one(same_work):.2f}" in phrase) == (verdict != "no measurable difference")
+
+
+def test_gap_from_one_is_symmetric_as_printed():
+    assert gap_from_one(0.88) == gap_from_one(1.12) == 0.12 and gap_from_one(1.0) == 0.0
