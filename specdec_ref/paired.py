@@ -70,9 +70,9 @@ def gap_from_one(ratio: float) -> float:
 
 def beyond_same_work(ratio: float, spread: tuple[float, float], same_work: float) -> str:
     """:func:`speed_verdict`, stricter: "faster" or "slower" only when, besides the whole spread
-    lying on that side, the ratio's :func:`gap_from_one` exceeds that of ``same_work``, the median
-    ratio of a same-work (A/A) check (two runs of the same work timed against each other, whose
-    gap from 1 shows how far the timing itself can be off); "within the same-work check" when it
+    lying on that side, the ratio's :func:`gap_from_one` exceeds that of ``same_work``, a ratio of
+    a same-work (A/A) check (two runs of the same work timed against each other; pass its median
+    or quartile farthest from 1, which shows how far the timing itself can be off); "within the same-work check" when it
     does not; "no measurable difference" when the spread straddles 1."""
     verdict = speed_verdict(ratio, spread)
     if verdict != "no measurable difference" and gap_from_one(ratio) <= gap_from_one(same_work):
@@ -84,7 +84,7 @@ def speed_phrase(ratio: float, spread: tuple[float, float], reference: str, same
     """A predicate for a speed ratio against ``reference`` (above 1: faster), with the figures that
     decide it, to follow a subject: e.g. "ran 1.32x as fast as the baseline (IQR 1.29-1.33, above 1)"
     or "showed no measurable difference from the baseline (median 1.05x, IQR 0.98-1.13 straddles 1)".
-    With ``same_work`` (an A/A check's median ratio) the verdict is :func:`beyond_same_work`'s, and
+    With ``same_work`` (an A/A check's ratio, as :func:`beyond_same_work` takes it) the verdict is :func:`beyond_same_work`'s, and
     the phrase prints both gaps from 1 that decide it."""
     low, high = spread
     verdict = speed_verdict(ratio, spread) if same_work is None else beyond_same_work(ratio, spread, same_work)

@@ -322,6 +322,14 @@ def save(head: EagleHead, vocab: torch.LongTensor, target_config, out: Path, rec
     add_to_manifest(out, folder, "smollm2_eagle", record)
 
 
+def load_target():
+    """SmolLM2 and its tokenizer, in bfloat16 where this CPU computes it natively."""
+    from specdec_ref.zoo import load
+    from specdec_ref.zoo.train import native_bf16
+
+    return load("zoo:smollm2", dtype=torch.bfloat16 if native_bf16() else torch.float32)
+
+
 def grow_data(target, tokenizer, data: Path, budget: Budget, seed: int = 0,
               sampled_minutes: float | None = None) -> dict:
     """Stage 1 alone: the greedy continuations still missing, then sampled ones for
@@ -343,11 +351,10 @@ def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DI
     """Every stage; returns the record written to the manifest. ``generate=False`` trains on
     the continuations already stored in ``data``."""
     from specdec_ref.eagle import EagleConfig, init_head
-    from specdec_ref.zoo import load
     from specdec_ref.zoo.train import native_bf16
 
     budget = BUDGETS[budget_name]
-    target, tokenizer = load("zoo:smollm2", dtype=torch.bfloat16 if native_bf16() else torch.float32)
+    target, tokenizer = load_target()
     if generate:
         grow_data(target, tokenizer, data, budget, seed)
     stored = load_continuations(data)
@@ -397,11 +404,7 @@ def main() -> None:
                             "a later run trains on everything stored)")
     args = parser.parse_args()
     if args.only_generate is not None:
-        from specdec_ref.zoo import load
-        from specdec_ref.zoo.train import native_bf16
-
-        target, tokenizer = load("zoo:smollm2", dtype=torch.bfloat16 if native_bf16() else torch.float32)
-        print(json.dumps(grow_data(target, tokenizer, args.data, BUDGETS[args.budget], args.seed,
+        print(json.dumps(grow_data(*load_target(), args.data, BUDGETS[args.budget], args.seed,
                                    args.only_generate), indent=2))
         return
     print(json.dumps(build(args.out, args.work, args.budget, args.data, args.seed, not args.no_generate),
