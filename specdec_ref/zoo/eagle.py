@@ -162,9 +162,12 @@ def target_features(target, sequences: list[torch.Tensor], batch_tokens: int = 8
     out: dict[int, Features] = {}
     i = 0
     while i < len(order):
-        width = len(sequences[order[min(len(order) - 1, i)]])
-        chunk = order[i:i + max(1, batch_tokens // max(width, 1))]
-        width = max(len(sequences[j]) for j in chunk)
+        # ascending lengths: the chunk's last sequence sets its padded width
+        end = i + 1
+        while end < len(order) and (end + 1 - i) * len(sequences[order[end]]) <= batch_tokens:
+            end += 1
+        chunk = order[i:end]
+        width = len(sequences[chunk[-1]])
         batch = torch.zeros(len(chunk), width, dtype=torch.long)
         for row, j in enumerate(chunk):
             batch[row, :len(sequences[j])] = sequences[j]
@@ -184,19 +187,59 @@ def frequent_tokens(data: list[Features], size: int, vocab_size: int) -> torch.L
     return counts.topk(min(size, vocab_size)).indices.sort().values
 
 
+@dataclass
+class Batch:
+    """Sequences right-padded to one length: ``ids`` [B, T], ``features`` [B, T, d],
+    ``labels`` [B, T] and ``lengths`` [B]. Causal attention never lets a position read the
+    padding after it, so only the losses at padded positions need masking."""
+
+    ids: torch.Tensor
+    features: torch.Tensor
+    labels: torch.Tensor
+    lengths: torch.Tensor
+
+
+def collate(seqs: list[Features]) -> Batch:
+    """``seqs`` right-padded into one :class:`Batch`."""
+    width = max(s.ids.numel() for s in seqs)
+    batch = Batch(torch.zeros(len(seqs), width, dtype=torch.long),
+                  torch.zeros(len(seqs), width, seqs[0].features.shape[-1], dtype=seqs[0].features.dtype),
+                  torch.zeros(len(seqs), width, dtype=torch.long), torch.tensor([s.ids.numel() for s in seqs]))
+    for row, s in enumerate(seqs):
+        n = s.ids.numel()
+        batch.ids[row, :n], batch.features[row, :n], batch.labels[row, :n] = s.ids, s.features, s.labels
+    return batch
+
+
+def length_batches(data: list[Features], batch_tokens: int) -> list[list[int]]:
+    """Indices into ``data`` grouped by length, about ``batch_tokens`` real tokens per group
+    (similar lengths waste little on padding)."""
+    groups, group, size = [], [], 0
+    for i in sorted(range(len(data)), key=lambda i: data[i].ids.numel()):
+        group.append(i)
+        size += data[i].ids.numel()
+        if size >= batch_tokens:
+            groups.append(group)
+            group, size = [], 0
+    return groups + [group] if group else groups
+
+
 def head_losses(head: EagleHead, embed: torch.nn.Module, lm_weight: torch.Tensor, to_draft: torch.Tensor,
-                seq: Features, ce_weight: float = 0.1) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-    """Two drafting steps over one sequence; returns the loss and, per step, (correct, counted).
+                batch: Batch, ce_weight: float = 1.0) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """Two drafting steps over a batch; returns the mean loss per real position and, per step,
+    (correct, counted).
 
     Step 1 reads the target's feature f_i with token x_{i+1} and predicts f_{i+1}. Step 2
     reads step 1's prediction instead, as the second draft does: its query attends to the
     real entries before it and to its own, never to real features of its own position.
-    ``to_draft`` maps a target id to its draft-vocabulary index (-1: not in it)."""
-    ids, feats, labels = seq.ids, seq.features.float(), seq.labels
-    t = ids.numel() - 1
-    emb = embed(ids[1:])[None].float()
+    Each step's loss is smooth-L1 to the true next feature plus cross-entropy to the target's
+    greedy next token. ``lm_weight`` holds the draft vocabulary's rows; ``to_draft`` maps a
+    target id to its index there (-1: not in it, no cross-entropy there)."""
+    ids, feats, labels = batch.ids, batch.features.float(), batch.labels
+    t = ids.shape[1] - 1
+    emb = embed(ids[:, 1:]).float()
     positions = torch.arange(t)
-    pred1, (k1, v1) = head(emb, feats[None, :t], positions)
+    pred1, (k1, v1) = head(emb, feats[:, :t], positions)
     # step 2: position i reads (x_{i+1}, predicted f_i from step 1 at i - 1)
     layer = head.layers[0]
     x2 = head.fc(torch.cat([emb[:, 1:], pred1[:, :-1]], -1))
@@ -205,14 +248,16 @@ def head_losses(head: EagleHead, embed: torch.nn.Module, lm_weight: torch.Tensor
     own = torch.eye(t - 1, dtype=torch.bool)
     pred2 = layer(x2, q2, torch.cat([k1, k2], 2), torch.cat([v1, v2], 2), torch.cat([real, own], 1))
     loss, stats = 0.0, []
-    for pred, first in ((pred1[0], 0), (pred2[0], 1)):
-        true_next = feats[first + 1:t + 1]
-        target_ids = to_draft[labels[first + 1:t + 1]]
-        logits = pred @ lm_weight.T
-        ce = F.cross_entropy(logits.float(), target_ids.clamp_min(0), reduction="none")
-        valid = target_ids >= 0
-        loss = loss + F.smooth_l1_loss(pred.float(), true_next) + ce_weight * (ce * valid).sum() / valid.sum().clamp_min(1)
-        stats.append((int(((logits.argmax(-1) == target_ids) & valid).sum()), t - first))
+    for pred, first in ((pred1, 0), (pred2, 1)):
+        true_next = feats[:, first + 1:t + 1]
+        counted = torch.arange(first + 1, t + 1)[None, :] < batch.lengths[:, None]
+        target_ids = to_draft[labels[:, first + 1:t + 1]]
+        logits = (pred @ lm_weight.T).float()
+        ce = F.cross_entropy(logits.transpose(1, 2), target_ids.clamp_min(0), reduction="none")
+        l1 = F.smooth_l1_loss(pred.float(), true_next, reduction="none").mean(-1)
+        n = counted.sum().clamp_min(1)
+        loss = loss + (l1 * counted).sum() / n + ce_weight * (ce * (counted & (target_ids >= 0))).sum() / n
+        stats.append((int(((logits.argmax(-1) == target_ids) & counted).sum()), int(counted.sum())))
     return loss, stats
 
 
@@ -221,20 +266,16 @@ def agreement(head: EagleHead, embed, lm_weight, to_draft, data: list[Features])
     """Held-out share of positions where the head's first and second draft would be accepted
     greedily given a correct prefix (the target's own token)."""
     head.eval()
-    totals = [[0, 0], [0, 0]]
-    for seq in data:
-        _, stats = head_losses(head, embed, lm_weight, to_draft, seq)
-        for total, (right, n) in zip(totals, stats):
-            total[0] += right
-            total[1] += n
+    _, stats = head_losses(head, embed, lm_weight, to_draft, collate(data))
     head.train()
-    return [round(r / max(n, 1), 3) for r, n in totals]
+    return [round(right / max(n, 1), 3) for right, n in stats]
 
 
 def train_head(head: EagleHead, target, data: list[Features], heldout: dict[str, list[Features]],
                to_draft: torch.Tensor, lm_weight: torch.Tensor, budget: Budget, ckpt: Path,
                seed: int = 0, eval_every_tokens: int = 200_000) -> dict:
-    """AdamW with warmup and cosine decay, batches of whole sequences up to ``batch_tokens``;
+    """AdamW with warmup and cosine decay; batches of whole sequences of similar length,
+    about ``batch_tokens`` each, in a new order every pass over the data;
     held-out agreement measured every ``eval_every_tokens`` (the learning curve);
     checkpoints every 5 minutes, so a stopped run resumes."""
     from specdec_ref.zoo.train import training_autocast
@@ -247,8 +288,7 @@ def train_head(head: EagleHead, target, data: list[Features], heldout: dict[str,
         head.load_state_dict(saved.pop("head"))
         opt.load_state_dict(saved.pop("opt"))
         state = saved
-    gen = torch.Generator().manual_seed(seed)
-    order = torch.randperm(len(data), generator=gen).tolist()
+    groups = length_batches(data, budget.batch_tokens)
 
     def progress() -> float:
         return state["step"] / budget.steps if budget.steps else state["elapsed"] / (60 * budget.train_minutes)
@@ -269,14 +309,12 @@ def train_head(head: EagleHead, target, data: list[Features], heldout: dict[str,
         cos = 0.5 * (1 + np.cos(np.pi * min(progress(), 1.0)))
         for g in opt.param_groups:
             g["lr"] = budget.lr * min(1.0, (state["step"] + 1) / 50) * (0.1 + 0.9 * cos)
-        batch, size = [], 0
-        while size < budget.batch_tokens:
-            seq = data[order[(state["step"] * 7919 + len(batch) + size) % len(order)]]
-            batch.append(seq)
-            size += seq.ids.numel()
+        epoch, index = divmod(state["step"], len(groups))
+        order = torch.randperm(len(groups), generator=torch.Generator().manual_seed(seed + epoch))
+        batch = collate([data[i] for i in groups[order[index]]])
+        size = int(batch.lengths.sum())
         with training_autocast():
-            loss = sum(head_losses(head, embed, lm_weight, to_draft, seq, budget.ce_weight)[0] * seq.ids.numel()
-                       for seq in batch) / size
+            loss = head_losses(head, embed, lm_weight, to_draft, batch, budget.ce_weight)[0]
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
