@@ -211,11 +211,15 @@ def collate(seqs: list[Features]) -> Batch:
     return batch
 
 
-def length_batches(data: list[Features], batch_tokens: int) -> list[list[int]]:
-    """Indices into ``data`` grouped by length, about ``batch_tokens`` real tokens per group
-    (similar lengths waste little on padding)."""
+def shuffled_batches(data: list[Features], batch_tokens: int, seed: int) -> list[list[int]]:
+    """Indices into ``data`` in a random order, cut into groups of about ``batch_tokens`` real
+    tokens. Grouping by length pads less (2,770 tokens/s against 2,150 here), but a
+    sequence's length tells its kind, and batches of one kind trained far worse: held-out
+    first-draft agreement after 400k tokens 0.15 / 0.20 / 0.35 (prose / code / chat) against
+    0.33 / 0.31 / 0.54 with random batches, on the same data (an Intel Xeon, 2 cores)."""
+    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed)).tolist()
     groups, group, size = [], [], 0
-    for i in sorted(range(len(data)), key=lambda i: data[i].ids.numel()):
+    for i in order:
         group.append(i)
         size += data[i].ids.numel()
         if size >= batch_tokens:
@@ -274,21 +278,21 @@ def agreement(head: EagleHead, embed, lm_weight, to_draft, data: list[Features])
 def train_head(head: EagleHead, target, data: list[Features], heldout: dict[str, list[Features]],
                to_draft: torch.Tensor, lm_weight: torch.Tensor, budget: Budget, ckpt: Path,
                seed: int = 0, eval_every_tokens: int = 200_000) -> dict:
-    """AdamW with warmup and cosine decay; batches of whole sequences of similar length,
-    about ``batch_tokens`` each, in a new order every pass over the data;
+    """AdamW with warmup and cosine decay; batches of whole sequences, about ``batch_tokens``
+    each, drawn in a new random order every pass over the data;
     held-out agreement measured every ``eval_every_tokens`` (the learning curve);
     checkpoints every 5 minutes, so a stopped run resumes."""
     from specdec_ref.zoo.train import training_autocast
 
     embed = target.get_input_embeddings()
     opt = torch.optim.AdamW(head.parameters(), lr=budget.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    state = {"step": 0, "elapsed": 0.0, "tokens": 0, "curve": [], "losses": []}
+    state = {"step": 0, "epoch": 0, "index": 0, "elapsed": 0.0, "tokens": 0, "curve": [], "losses": []}
     if ckpt.exists():
         saved = torch.load(ckpt, weights_only=False)
         head.load_state_dict(saved.pop("head"))
         opt.load_state_dict(saved.pop("opt"))
         state = saved
-    groups = length_batches(data, budget.batch_tokens)
+    groups = shuffled_batches(data, budget.batch_tokens, seed + state["epoch"])
 
     def progress() -> float:
         return state["step"] / budget.steps if budget.steps else state["elapsed"] / (60 * budget.train_minutes)
@@ -309,9 +313,11 @@ def train_head(head: EagleHead, target, data: list[Features], heldout: dict[str,
         cos = 0.5 * (1 + np.cos(np.pi * min(progress(), 1.0)))
         for g in opt.param_groups:
             g["lr"] = budget.lr * min(1.0, (state["step"] + 1) / 50) * (0.1 + 0.9 * cos)
-        epoch, index = divmod(state["step"], len(groups))
-        order = torch.randperm(len(groups), generator=torch.Generator().manual_seed(seed + epoch))
-        batch = collate([data[i] for i in groups[order[index]]])
+        if state["index"] == len(groups):
+            state["epoch"], state["index"] = state["epoch"] + 1, 0
+            groups = shuffled_batches(data, budget.batch_tokens, seed + state["epoch"])
+        batch = collate([data[i] for i in groups[state["index"]]])
+        state["index"] += 1
         size = int(batch.lengths.sum())
         with training_autocast():
             loss = head_losses(head, embed, lm_weight, to_draft, batch, budget.ce_weight)[0]
