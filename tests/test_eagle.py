@@ -74,7 +74,10 @@ class Recording(EagleDrafter):
             fresh.update(tokens, 0, torch.cat(self.received))
             again = fresh.propose(tokens, max_tokens, sampler)
             assert torch.equal(again.tokens, proposal.tokens), "incremental drafts differ from a fresh drafter's"
-            assert torch.allclose(fresh.keys, self.keys, atol=1e-5), "the head cache was not rolled back"
+            # A stale entry (from a predicted feature) differs by O(1); float32 sums in another
+            # order, by about 1e-5 of the values.
+            assert fresh.keys.shape == self.keys.shape, "the head cache was not rolled back"
+            assert torch.allclose(fresh.keys, self.keys, rtol=1e-4, atol=1e-4), "the head cache was not rolled back"
             self.iterations_checked += 1
         return proposal
 
