@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 from specdec_ref.eagle import EagleHead
 
@@ -167,10 +168,7 @@ def target_features(target, sequences: list[torch.Tensor], batch_tokens: int = 8
         while end < len(order) and (end + 1 - i) * len(sequences[order[end]]) <= batch_tokens:
             end += 1
         chunk = order[i:end]
-        width = len(sequences[chunk[-1]])
-        batch = torch.zeros(len(chunk), width, dtype=torch.long)
-        for row, j in enumerate(chunk):
-            batch[row, :len(sequences[j])] = sequences[j]
+        batch = pad_sequence([sequences[j] for j in chunk], batch_first=True)
         with training_autocast():
             hidden = target.model(batch).last_hidden_state
             labels = target.lm_head(hidden).argmax(-1)
@@ -201,14 +199,8 @@ class Batch:
 
 def collate(seqs: list[Features]) -> Batch:
     """``seqs`` right-padded into one :class:`Batch`."""
-    width = max(s.ids.numel() for s in seqs)
-    batch = Batch(torch.zeros(len(seqs), width, dtype=torch.long),
-                  torch.zeros(len(seqs), width, seqs[0].features.shape[-1], dtype=seqs[0].features.dtype),
-                  torch.zeros(len(seqs), width, dtype=torch.long), torch.tensor([s.ids.numel() for s in seqs]))
-    for row, s in enumerate(seqs):
-        n = s.ids.numel()
-        batch.ids[row, :n], batch.features[row, :n], batch.labels[row, :n] = s.ids, s.features, s.labels
-    return batch
+    return Batch(*(pad_sequence([getattr(s, name) for s in seqs], batch_first=True)
+                   for name in ("ids", "features", "labels")), torch.tensor([s.ids.numel() for s in seqs]))
 
 
 def shuffled_batches(data: list[Features], batch_tokens: int, seed: int) -> list[list[int]]:
