@@ -33,7 +33,8 @@ def trained_head(target, ckpt: Path, sequences: list[torch.Tensor], seed: int = 
     vocab_size = target.config.vocab_size
     to_draft = torch.arange(vocab_size)
     budget = recipe.Budget(gen_batch=1, new_tokens=1, greedy_batches=0, greedy_minutes=0, sampled_batches=0,
-                           sampled_minutes=0, code_prompts=0, draft_vocab=vocab_size, steps=steps,
+                           sampled_minutes=0, code_prompts=0, extra_code_prompts=0, draft_vocab=vocab_size,
+                           steps=steps,
                            train_minutes=0, batch_tokens=256, lr=1e-2)
     head = init_head(EagleConfig.for_target(target.config), seed)
     for p in target.parameters():
@@ -87,6 +88,23 @@ def test_training_learns_the_target(target_and_head):
     first, last = record["curve"][0]["train"], record["curve"][-1]["train"]
     assert last[0] > max(0.5, first[0] + 0.3), record["curve"]  # depth-1 agreement
     assert last[1] > first[1]  # depth 2, drafted from its own predicted feature
+
+
+def test_held_out_agreement_counts_only_the_scored_positions(target_and_head):
+    """The learning curve scores a held-out continuation from ``scored_from`` on (its prompt
+    is trained on, never scored)."""
+    target, head, _, sequences = target_and_head
+    data = recipe.target_features(target, sequences[:3])
+    vocab = torch.arange(target.config.vocab_size)
+    lm_weight = target.get_output_embeddings().weight.detach()
+    embed = target.get_input_embeddings()
+    _, whole = recipe.head_losses(head, embed, lm_weight, vocab, recipe.collate(data))
+    scored = [recipe.Features(d.ids, d.features, d.labels, scored_from=10) for d in data]
+    _, part = recipe.head_losses(head, embed, lm_weight, vocab, recipe.collate(scored))
+    lengths = [d.ids.numel() for d in data]
+    assert [n for _, n in whole] == [sum(n - 1 for n in lengths), sum(n - 2 for n in lengths)]
+    assert [n for _, n in part] == [sum(n - 10 for n in lengths)] * 2
+    assert all(right_part <= right for (right_part, _), (right, _) in zip(part, whole))
 
 
 @pytest.mark.parametrize("k", [1, 3, 6])

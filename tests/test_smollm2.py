@@ -10,7 +10,7 @@ import torch
 
 from specdec_ref import autoregressive_generate, speculative_generate
 from specdec_ref.zoo import NAMES, load, resolve, resolve_tokenizer, smollm2
-from specdec_ref.zoo.distill import KINDS, heldout_prompts, interleave, prompts
+from specdec_ref.zoo.distill import KINDS, TOPICS, heldout_prompts, interleave, prompts
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -92,6 +92,21 @@ def test_heldout_prompts_share_nothing_with_training(real_pair):
     assert [kind for kind, _ in mixed] == list(KINDS) * 2 and mixed[3] == ("prose", held["prose"][1])
 
 
+def test_the_eagle_heads_extra_prompts_keep_the_split_and_the_stored_files(real_pair):
+    """The head's prompts start with the distilled draft's (the stored continuations were made
+    from them, in order), add topics and code of its own, and hold out the same prompts."""
+    from specdec_ref.zoo.eagle import EXTRA_TOPICS, training_prompts
+
+    tokenizer = real_pair[2]
+    texts = training_prompts(tokenizer, code_limit=50, extra_code=40)
+    train, held = prompts(tokenizer, "train", code_limit=50), prompts(tokenizer, "heldout")
+    first = [t for _, t in interleave(train)]
+    assert texts[:len(first)] == first and len(set(texts)) == len(texts)
+    assert len(texts) == sum(map(len, train.values())) + 40 + len(EXTRA_TOPICS) * 18  # 10 prose + 8 chat each
+    assert not set(texts) & {t for kind in KINDS for t in held[kind]}
+    assert not set(EXTRA_TOPICS) & set(TOPICS)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_speculative_output_is_the_targets_greedy_output(real_pair, kind):
     target, draft, tokenizer, _ = real_pair
@@ -164,7 +179,7 @@ def test_the_eagle_recipe_runs_end_to_end(tmp_path):
     adds continuations instead of regenerating them, and so does the generation stage alone."""
     from specdec_ref.eagle import EagleDrafter
     from specdec_ref.zoo import load_eagle
-    from specdec_ref.zoo.eagle import BUDGETS, build, grow_data
+    from specdec_ref.zoo.eagle import BUDGETS, build, evaluate, grow_data
 
     out, work, data = tmp_path / "zoo", tmp_path / "work", tmp_path / "data"
     out.mkdir()
@@ -189,6 +204,9 @@ def test_the_eagle_recipe_runs_end_to_end(tmp_path):
     grown = grow_data(target, tokenizer, data, BUDGETS["tiny"], sampled_minutes=0.001)
     assert grown["files"] == len(list(data.iterdir())) == 6 and grown["sequences"] == 24
     assert 0 < grown["continuation_tokens"] < grown["tokens"]
+    # `--evaluate HEAD...`: saved heads scored on the held-out continuations, first and second draft
+    scores = evaluate([out / "smollm2-eagle"], per_kind=1, new_tokens=4)[str(out / "smollm2-eagle")]
+    assert list(scores) == list(KINDS) and all(len(s) == 2 and 0 <= min(s) <= max(s) <= 1 for s in scores.values())
 
 
 @pytest.mark.parametrize("kind", KINDS)

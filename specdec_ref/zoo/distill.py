@@ -134,6 +134,20 @@ def _held(i: int) -> bool:
     return i % 5 == 0
 
 
+def topic_prompts(tokenizer: PreTrainedTokenizerBase, topics: list[str],
+                  tasks: list[str] = ()) -> tuple[list[str], list[str]]:
+    """Prose openings on ``topics``, and chat requests (through the chat template) on
+    ``topics`` and code ``tasks``."""
+    def chat(text: str) -> str:
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
+
+    prose = [p.format(t=t, T=t[0].upper() + t[1:]) for t in topics for p in PROSE]
+    chats = [chat(p.format(t=t)) for t in topics for p in CHAT]
+    chats += [chat(p.format(t=t)) for t in tasks for p in CODE_CHAT]
+    return prose, chats
+
+
 def prompts(tokenizer: PreTrainedTokenizerBase, split: str, code_limit: int | None = None,
             seed: int = 0) -> dict[str, list[str]]:
     """Prompt texts by kind for ``split`` ("train" or "heldout"); chat prompts already
@@ -142,14 +156,7 @@ def prompts(tokenizer: PreTrainedTokenizerBase, split: str, code_limit: int | No
     want_held = split == "heldout"
     topics = [t for i, t in enumerate(TOPICS) if _held(i) == want_held]
     tasks = [t for i, t in enumerate(CODE_TASKS) if _held(i) == want_held]
-
-    def chat(text: str) -> str:
-        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True)
-
-    prose = [p.format(t=t, T=t[0].upper() + t[1:]) for t in topics for p in PROSE]
-    chats = [chat(p.format(t=t)) for t in topics for p in CHAT]
-    chats += [chat(p.format(t=t)) for t in tasks for p in CODE_CHAT]
+    prose, chats = topic_prompts(tokenizer, topics, tasks)
     corpus = cached_corpus()
     code = code_prompts(corpus.heldout if want_held else corpus.train, max_chars=300)
     rng = random.Random(seed)

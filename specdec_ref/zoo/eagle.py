@@ -2,6 +2,7 @@
 
     python -m specdec_ref.zoo.eagle --out zoo --budget full
     python -m specdec_ref.zoo.eagle --only-generate 30     # stage 1 alone: 30 more minutes of data
+    python -m specdec_ref.zoo.eagle --evaluate zoo/smollm2-eagle   # held-out agreement of saved heads
 
 EAGLE (Li et al. 2024, arXiv:2401.15077) drafts from the target's last hidden state
 instead of from tokens alone: one decoder layer takes (feature at t, embedding of token
@@ -11,7 +12,8 @@ of the target. The architecture lives in ``specdec_ref.eagle``; this file builds
 
 Stages (each resumes where it stopped):
   1. continuations  SmolLM2's greedy, then sampled (T = 0.8), continuations of the
-                    training prompts of ``distill.prompts`` (prose, chat, code), as token
+                    training prompts of ``distill.prompts`` (prose, chat, code) and of
+                    prompts only the head trains on (``training_prompts``), as token
                     ids, one file per batch in ``zoo/data/smollm2-continuations/``.
                     They are committed, so the data set grows across sessions: a rerun
                     generates only what its budget adds.
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -46,6 +49,41 @@ from specdec_ref.eagle import EagleHead
 DATA_DIR = Path(__file__).resolve().parents[2] / "zoo" / "data" / "smollm2-continuations"
 
 
+# Topics only the head trains on. Its data are SmolLM2's continuations, and the prompts of
+# distill.TOPICS had each been continued three or four times: new topics give more variety
+# per generated token. None is a held-out topic of distill.TOPICS, or close to one.
+EXTRA_TOPICS = [
+    "origami", "the history of tennis", "octopuses", "beekeeping equipment", "the Ottoman Empire",
+    "nuclear power", "the Great Depression", "rock climbing", "the violin", "wolves", "the history of medicine",
+    "kites", "the Sahara", "jellyfish", "the Byzantine Empire", "the metric system", "opera", "lighthouses",
+    "volunteer firefighters", "the Mongol Empire", "quantum computers", "the Aztecs", "river deltas",
+    "the guitar", "ants", "the Cold War", "the Nile", "tornadoes", "fungi in soil", "the Incas",
+    "recycled paper", "chocolate", "frogs", "caves", "the Great Barrier Reef", "the history of glass",
+    "sailing ships", "the Maya civilization", "rice farming", "the saxophone", "foxes",
+    "the history of football", "canals", "the Greek myths", "knitting", "the Panama Canal", "hydrogen fuel",
+    "the history of the post office", "kangaroos", "the compass", "the Black Death", "wetlands", "bamboo",
+    "the history of chess clocks", "microscopes", "the Spanish language", "apples", "the Andes",
+    "textile mills", "sea turtles", "the history of soap operas", "vinegar", "marathons", "the Suez Canal",
+    "windmills", "honey", "volcanic islands", "the drum", "parrots", "the history of ice cream", "the Alps",
+    "video games", "ancient Greece", "the history of roads", "snakes", "the cello", "the Arctic fox",
+    "the history of the lightbulb", "skiing", "ancient China", "plastic pollution", "the Eiffel Tower",
+    "spiders", "the history of zoos", "the flute", "antibiotics", "the history of surfing",
+    "the Hanseatic League", "potatoes", "yoga", "the Himalayas", "owls at night", "the history of typewriters",
+    "the Danube", "the Crusades", "the human skeleton", "wine making", "the history of the piano's keyboard",
+    "tigers", "the water supply of cities", "the Celts", "the history of bridges in Rome", "the harp", "moss",
+    "sled dogs", "the Mississippi River", "coral bleaching", "gorillas", "the history of the calendar in Rome",
+    "renewable energy storage", "the history of the umbrella", "dolphins", "the Reformation",
+    "the history of board games", "the Wright brothers", "the history of lipstick", "ravens",
+    "the history of the zipper", "the Great Lakes", "the history of tattoos", "rubber",
+    "the history of the Olympic torch", "cotton", "the history of circuses", "seahorses",
+    "the history of hospitals", "the human eye", "the history of cartoons", "camels", "the history of glasses",
+    "the history of ballet", "bats", "the history of the toothbrush", "the Gobi Desert", "sugar cane",
+    "the history of elevators", "hedgehogs", "the history of the sewing machine", "the Rhine",
+    "the history of the microscope's lenses", "lemurs", "the history of fireworks in China", "the Caspian Sea",
+    "the history of the stethoscope", "otters", "the history of weather forecasting",
+]
+
+
 @dataclass(frozen=True)
 class Budget:
     gen_batch: int
@@ -55,6 +93,7 @@ class Budget:
     sampled_batches: int | None    # None: until sampled_minutes
     sampled_minutes: float
     code_prompts: int | None
+    extra_code_prompts: int        # Python function openings only the head trains on
     draft_vocab: int
     steps: int | None              # None: until train_minutes
     train_minutes: float
@@ -65,21 +104,33 @@ class Budget:
 
 BUDGETS = {
     "tiny": Budget(gen_batch=4, new_tokens=6, greedy_batches=1, greedy_minutes=0, sampled_batches=1,
-                   sampled_minutes=0, code_prompts=8, draft_vocab=512, steps=4, train_minutes=0,
+                   sampled_minutes=0, code_prompts=8, extra_code_prompts=8, draft_vocab=512, steps=4, train_minutes=0,
                    batch_tokens=256),
     "full": Budget(gen_batch=64, new_tokens=128, greedy_batches=None, greedy_minutes=25,
-                   sampled_batches=None, sampled_minutes=15, code_prompts=1200, draft_vocab=8192,
-                   steps=None, train_minutes=25, batch_tokens=4096),
+                   sampled_batches=None, sampled_minutes=15, code_prompts=1200, extra_code_prompts=3000,
+                   draft_vocab=8192,
+                   steps=None, train_minutes=35, batch_tokens=4096),
 }
 
 
-def training_prompts(tokenizer, code_limit: int | None, seed: int = 0) -> list[str]:
-    """The distilled draft's training prompts, kinds interleaved so every batch mixes them."""
-    from specdec_ref.zoo.distill import KINDS, interleave, prompts
+def training_prompts(tokenizer, code_limit: int | None, extra_code: int, seed: int = 0) -> list[str]:
+    """The distilled draft's training prompts, then prompts only the head trains on (prose and
+    chat on :data:`EXTRA_TOPICS`, ``extra_code`` more function openings); each part's kinds
+    interleaved so every batch mixes them. Appended, so the files already generated keep
+    their prompts."""
+    from specdec_ref.zoo.distill import KINDS, interleave, prompts, topic_prompts
+
+    def mixed(by_kind: dict[str, list[str]]) -> list[str]:
+        shortest = min(len(v) for v in by_kind.values())
+        return [text for _, text in interleave(by_kind)] + [p for k in KINDS for p in by_kind[k][shortest:]]
 
     train = prompts(tokenizer, "train", code_limit=code_limit, seed=seed)
-    mixed = [text for _, text in interleave(train)]
-    return mixed + [p for k in KINDS for p in train[k][min(len(v) for v in train.values()):]]
+    seen = set(train["code"])
+    prose, chat = topic_prompts(tokenizer, EXTRA_TOPICS)
+    for texts in (prose, chat):
+        random.Random(seed).shuffle(texts)
+    code = [c for c in prompts(tokenizer, "train", seed=seed)["code"] if c not in seen][:extra_code]
+    return mixed(train) + mixed({"prose": prose, "code": code, "chat": chat})
 
 
 @torch.no_grad()
@@ -146,11 +197,13 @@ def load_continuations(folder: Path) -> list[tuple[np.ndarray, int]]:
 @dataclass
 class Features:
     """Training sequences with the target's features: ``ids`` [T], ``features`` [T, d]
-    (bfloat16) and ``labels`` [T], the target's greedy token after each position."""
+    (bfloat16) and ``labels`` [T], the target's greedy token after each position.
+    ``scored_from``: the first position whose label counts in held-out agreement."""
 
     ids: torch.Tensor
     features: torch.Tensor
     labels: torch.Tensor
+    scored_from: int = 0
 
 
 @torch.no_grad()
@@ -185,22 +238,31 @@ def frequent_tokens(data: list[Features], size: int, vocab_size: int) -> torch.L
     return counts.topk(min(size, vocab_size)).indices.sort().values
 
 
+def draft_index(vocab: torch.LongTensor, vocab_size: int) -> torch.LongTensor:
+    """Each target id's index in the draft vocabulary ``vocab``, -1 for ids outside it."""
+    to_draft = torch.full((vocab_size,), -1, dtype=torch.long)
+    to_draft[vocab] = torch.arange(vocab.numel())
+    return to_draft
+
+
 @dataclass
 class Batch:
     """Sequences right-padded to one length: ``ids`` [B, T], ``features`` [B, T, d],
-    ``labels`` [B, T] and ``lengths`` [B]. Causal attention never lets a position read the
-    padding after it, so only the losses at padded positions need masking."""
+    ``labels`` [B, T], ``lengths`` [B] and ``scored_from`` [B]. Causal attention never lets
+    a position read the padding after it, so only the losses at padded positions need masking."""
 
     ids: torch.Tensor
     features: torch.Tensor
     labels: torch.Tensor
     lengths: torch.Tensor
+    scored_from: torch.Tensor
 
 
 def collate(seqs: list[Features]) -> Batch:
     """``seqs`` right-padded into one :class:`Batch`."""
     return Batch(*(pad_sequence([getattr(s, name) for s in seqs], batch_first=True)
-                   for name in ("ids", "features", "labels")), torch.tensor([s.ids.numel() for s in seqs]))
+                   for name in ("ids", "features", "labels")), torch.tensor([s.ids.numel() for s in seqs]),
+                 torch.tensor([s.scored_from for s in seqs]))
 
 
 def shuffled_batches(data: list[Features], batch_tokens: int, seed: int) -> list[list[int]]:
@@ -230,7 +292,8 @@ def head_losses(head: EagleHead, embed: torch.nn.Module, lm_weight: torch.Tensor
     real entries before it and to its own, never to real features of its own position.
     Each step's loss is smooth-L1 to the true next feature plus cross-entropy to the target's
     greedy next token. ``lm_weight`` holds the draft vocabulary's rows; ``to_draft`` maps a
-    target id to its index there (-1: not in it, no cross-entropy there)."""
+    target id to its index there (-1: not in it, no cross-entropy there). Positions before a
+    sequence's ``scored_from`` are trained on but not counted in the stats."""
     ids, feats, labels = batch.ids, batch.features.float(), batch.labels
     t = ids.shape[1] - 1
     emb = embed(ids[:, 1:]).float()
@@ -253,14 +316,16 @@ def head_losses(head: EagleHead, embed: torch.nn.Module, lm_weight: torch.Tensor
         l1 = F.smooth_l1_loss(pred.float(), true_next, reduction="none").mean(-1)
         n = counted.sum().clamp_min(1)
         loss = loss + (l1 * counted).sum() / n + ce_weight * (ce * (counted & (target_ids >= 0))).sum() / n
-        stats.append((int(((logits.argmax(-1) == target_ids) & counted).sum()), int(counted.sum())))
+        scored = counted & (torch.arange(first + 1, t + 1)[None, :] >= batch.scored_from[:, None])
+        stats.append((int(((logits.argmax(-1) == target_ids) & scored).sum()), int(scored.sum())))
     return loss, stats
 
 
 @torch.no_grad()
 def agreement(head: EagleHead, embed, lm_weight, to_draft, data: list[Features]) -> list[float]:
     """Held-out share of positions where the head's first and second draft would be accepted
-    greedily given a correct prefix (the target's own token)."""
+    greedily given a correct prefix (the target's own token), counted from each sequence's
+    ``scored_from``."""
     head.eval()
     _, stats = head_losses(head, embed, lm_weight, to_draft, collate(data))
     head.train()
@@ -336,7 +401,10 @@ def train_head(head: EagleHead, target, data: list[Features], heldout: dict[str,
 
 def heldout_features(target, tokenizer, per_kind: int, new_tokens: int) -> dict[str, list[Features]]:
     """Features of SmolLM2's greedy continuations of held-out prompts (no topic, task or
-    source file shared with training), by kind: what the learning curve is measured on."""
+    source file shared with training), by kind: what the learning curve is measured on.
+    Agreement is scored on the continuations only, from their second token: the first comes
+    from the target's prefill, and a prompt (a chat template most of all) is far easier to
+    predict than what SmolLM2 writes after it."""
     from specdec_ref.zoo.distill import heldout_prompts
 
     out = {}
@@ -344,7 +412,8 @@ def heldout_features(target, tokenizer, per_kind: int, new_tokens: int) -> dict[
         rec = continuation_batch(target, tokenizer, texts, new_tokens, None)
         ends = np.cumsum(rec["lengths"])
         seqs = [torch.from_numpy(rec["ids"][e - n:e].astype(np.int64)) for e, n in zip(ends, rec["lengths"])]
-        out[kind] = target_features(target, seqs)
+        out[kind] = [Features(f.ids, f.features, f.labels, scored_from=int(n))
+                     for f, n in zip(target_features(target, seqs), rec["prompt_lens"])]
     return out
 
 
@@ -370,7 +439,7 @@ def grow_data(target, tokenizer, data: Path, budget: Budget, seed: int = 0,
               sampled_minutes: float | None = None) -> dict:
     """Stage 1 alone: the greedy continuations still missing, then sampled ones for
     ``sampled_minutes`` (the budget's by default). Returns what ``data`` holds now."""
-    texts = training_prompts(tokenizer, budget.code_prompts, seed)
+    texts = training_prompts(tokenizer, budget.code_prompts, budget.extra_code_prompts, seed)
     generate_continuations(target, tokenizer, texts, data, "greedy", budget.greedy_batches,
                            budget.greedy_minutes, budget)
     minutes = budget.sampled_minutes if sampled_minutes is None else sampled_minutes
@@ -403,8 +472,7 @@ def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DI
     for p in target.parameters():
         p.requires_grad_(False)
     vocab = frequent_tokens(train_data, budget.draft_vocab, target.config.vocab_size)
-    to_draft = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
-    to_draft[vocab] = torch.arange(vocab.numel())
+    to_draft = draft_index(vocab, target.config.vocab_size)
     labels = torch.cat([d.labels for d in train_data])
     head = init_head(EagleConfig.for_target(target.config), seed)
     fit = train_head(head, target, train_data, heldout, to_draft, target.lm_head.weight[vocab].detach(), budget,
@@ -423,6 +491,25 @@ def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DI
     return record
 
 
+def evaluate(heads: list[Path], per_kind: int = 8, new_tokens: int = 64) -> dict[str, dict[str, list[float]]]:
+    """Held-out first- and second-draft agreement of saved heads, by kind, on the learning
+    curve's held-out set: heads trained on different data compared on one footing."""
+    from specdec_ref.eagle import load_head
+
+    target, tokenizer = load_target()
+    heldout = heldout_features(target, tokenizer, per_kind, new_tokens)
+    target.float()
+    embed = target.get_input_embeddings()
+    out = {}
+    for folder in heads:
+        head, vocab = load_head(folder)
+        vocab = torch.arange(target.config.vocab_size) if vocab is None else vocab
+        to_draft = draft_index(vocab, target.config.vocab_size)
+        lm_weight = target.lm_head.weight[vocab].detach()
+        out[str(folder)] = {kind: agreement(head, embed, lm_weight, to_draft, seqs) for kind, seqs in heldout.items()}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("zoo"), help="zoo folder to write smollm2-eagle into")
@@ -438,7 +525,12 @@ def main() -> None:
     stage.add_argument("--only-generate", type=float, metavar="MINUTES",
                        help="stage 1 alone: add sampled continuations for MINUTES (commit them; "
                             "a later run trains on everything stored)")
+    stage.add_argument("--evaluate", type=Path, nargs="+", metavar="HEAD",
+                       help="print the held-out agreement of saved head folders, nothing trained")
     args = parser.parse_args()
+    if args.evaluate:
+        print(json.dumps(evaluate(args.evaluate), indent=2))
+        return
     if args.only_generate is not None:
         print(json.dumps(grow_data(*load_target(), args.data, BUDGETS[args.budget], args.seed,
                                    args.only_generate), indent=2))
