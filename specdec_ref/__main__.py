@@ -184,7 +184,7 @@ def demo(args: argparse.Namespace) -> None:
 
     args.min_confidence = args.min_confidence or None  # 0 skips the dynamic run
     if args.showcase_tokens:
-        showcase(3, args.showcase_tokens)
+        showcase(2, args.showcase_tokens)
 
     target_name, draft_name = DEMO_PAIRS[args.pair]
     pair = bench.load_pair(target_name, draft_name)
@@ -382,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--showcase-tokens", type=int, default=64,
                    help="first, SmolLM2 answering a question through its EAGLE head, streamed and timed "
                         "against the target alone: this many new tokens (0 skips it)")
-    p.add_argument("--k", type=int, default=4, help="draft tokens per iteration (the showcase uses 3, its best k)")
+    p.add_argument("--k", type=int, default=4, help="draft tokens per iteration (the showcase uses 2, its best k)")
     p.add_argument("--prompts", type=int, default=12, help="number of held-out prompts for the benchmark")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt")
     p.add_argument("--min-confidence", type=float, default=0.4,
