@@ -30,17 +30,14 @@ def greedy_reference(target, ids, max_new_tokens, eos=None):
 def trained_head(target, ckpt: Path, sequences: list[torch.Tensor], seed: int = 0, steps: int = 300):
     """A head fitted on ``sequences`` (the target's own greedy continuations)."""
     data = recipe.target_features(target, sequences)
-    vocab_size = target.config.vocab_size
-    to_draft = torch.arange(vocab_size)
     budget = recipe.Budget(gen_batch=1, new_tokens=1, greedy_batches=0, greedy_minutes=0, sampled_batches=0,
-                           sampled_minutes=0, code_prompts=0, extra_code_prompts=0, draft_vocab=vocab_size,
-                           steps=steps,
-                           train_minutes=0, batch_tokens=256, lr=1e-2)
+                           sampled_minutes=0, code_prompts=0, extra_code_prompts=0,
+                           draft_vocab=target.config.vocab_size, steps=steps, train_minutes=0, batch_tokens=256,
+                           lr=1e-2)
     head = init_head(EagleConfig.for_target(target.config), seed)
-    for p in target.parameters():
-        p.requires_grad_(False)
-    record = recipe.train_head(head, target, data, {"train": data[:4]}, to_draft,
-                               target.get_output_embeddings().weight.detach(), budget,
+    recipe.frozen_float(target)
+    to_draft, lm_weight = recipe.draft_lm_head(target, None)
+    record = recipe.train_head(head, target, data, {"train": data[:4]}, to_draft, lm_weight, budget,
                                ckpt, eval_every_tokens=10**9)
     return head, record
 
@@ -95,12 +92,12 @@ def test_held_out_agreement_counts_only_the_scored_positions(target_and_head):
     is trained on, never scored)."""
     target, head, _, sequences = target_and_head
     data = recipe.target_features(target, sequences[:3])
-    vocab = torch.arange(target.config.vocab_size)
-    lm_weight = target.get_output_embeddings().weight.detach()
+    scored = recipe.target_features(target, sequences[:3], scored_from=[10, 10, 10])
+    assert [d.scored_from for d in data] == [0] * 3 and [d.scored_from for d in scored] == [10] * 3
+    to_draft, lm_weight = recipe.draft_lm_head(target, None)
     embed = target.get_input_embeddings()
-    _, whole = recipe.head_losses(head, embed, lm_weight, vocab, recipe.collate(data))
-    scored = [recipe.Features(d.ids, d.features, d.labels, scored_from=10) for d in data]
-    _, part = recipe.head_losses(head, embed, lm_weight, vocab, recipe.collate(scored))
+    _, whole = recipe.head_losses(head, embed, lm_weight, to_draft, recipe.collate(data))
+    _, part = recipe.head_losses(head, embed, lm_weight, to_draft, recipe.collate(scored))
     lengths = [d.ids.numel() for d in data]
     assert [n for _, n in whole] == [sum(n - 1 for n in lengths), sum(n - 2 for n in lengths)]
     assert [n for _, n in part] == [sum(n - 10 for n in lengths)] * 2

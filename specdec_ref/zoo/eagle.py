@@ -207,9 +207,11 @@ class Features:
 
 
 @torch.no_grad()
-def target_features(target, sequences: list[torch.Tensor], batch_tokens: int = 8192) -> list[Features]:
+def target_features(target, sequences: list[torch.Tensor], batch_tokens: int = 8192,
+                    scored_from: list[int] | None = None) -> list[Features]:
     """One batched prefill per chunk of similar-length sequences (right-padded: causal
-    attention never lets a position read the padding after it)."""
+    attention never lets a position read the padding after it). ``scored_from``: each
+    sequence's :attr:`Features.scored_from` (0 for all by default)."""
     from specdec_ref.zoo.train import training_autocast
 
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
@@ -227,7 +229,8 @@ def target_features(target, sequences: list[torch.Tensor], batch_tokens: int = 8
             labels = target.lm_head(hidden).argmax(-1)
         for row, j in enumerate(chunk):
             n = len(sequences[j])
-            out[j] = Features(sequences[j], hidden[row, :n].to(torch.bfloat16).clone(), labels[row, :n].clone())
+            out[j] = Features(sequences[j], hidden[row, :n].to(torch.bfloat16).clone(), labels[row, :n].clone(),
+                              scored_from[j] if scored_from else 0)
         i += len(chunk)
     return [out[j] for j in range(len(sequences))]
 
@@ -238,11 +241,21 @@ def frequent_tokens(data: list[Features], size: int, vocab_size: int) -> torch.L
     return counts.topk(min(size, vocab_size)).indices.sort().values
 
 
-def draft_index(vocab: torch.LongTensor, vocab_size: int) -> torch.LongTensor:
-    """Each target id's index in the draft vocabulary ``vocab``, -1 for ids outside it."""
+def draft_lm_head(target, vocab: torch.LongTensor | None) -> tuple[torch.LongTensor, torch.Tensor]:
+    """``(to_draft, lm_weight)`` for a draft vocabulary ``vocab`` (``None``: the whole one):
+    each target id's index in it (-1 for ids outside it), and the target's LM-head rows for it."""
+    vocab_size = target.config.vocab_size
+    vocab = torch.arange(vocab_size) if vocab is None else vocab
     to_draft = torch.full((vocab_size,), -1, dtype=torch.long)
     to_draft[vocab] = torch.arange(vocab.numel())
-    return to_draft
+    return to_draft, target.lm_head.weight[vocab].detach()
+
+
+def frozen_float(target) -> None:
+    """The target in float32 with no gradients: the head trains against it in full precision."""
+    target.float()
+    for p in target.parameters():
+        p.requires_grad_(False)
 
 
 @dataclass
@@ -412,8 +425,7 @@ def heldout_features(target, tokenizer, per_kind: int, new_tokens: int) -> dict[
         rec = continuation_batch(target, tokenizer, texts, new_tokens, None)
         ends = np.cumsum(rec["lengths"])
         seqs = [torch.from_numpy(rec["ids"][e - n:e].astype(np.int64)) for e, n in zip(ends, rec["lengths"])]
-        out[kind] = [Features(f.ids, f.features, f.labels, scored_from=int(n))
-                     for f, n in zip(target_features(target, seqs), rec["prompt_lens"])]
+        out[kind] = target_features(target, seqs, scored_from=[int(n) for n in rec["prompt_lens"]])
     return out
 
 
@@ -468,14 +480,12 @@ def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DI
     tiny = budget_name == "tiny"
     heldout = heldout_features(target, tokenizer, per_kind=2 if tiny else 8, new_tokens=8 if tiny else 64)
     feature_seconds = time.time() - t0
-    target.float()
-    for p in target.parameters():
-        p.requires_grad_(False)
+    frozen_float(target)
     vocab = frequent_tokens(train_data, budget.draft_vocab, target.config.vocab_size)
-    to_draft = draft_index(vocab, target.config.vocab_size)
+    to_draft, lm_weight = draft_lm_head(target, vocab)
     labels = torch.cat([d.labels for d in train_data])
     head = init_head(EagleConfig.for_target(target.config), seed)
-    fit = train_head(head, target, train_data, heldout, to_draft, target.lm_head.weight[vocab].detach(), budget,
+    fit = train_head(head, target, train_data, heldout, to_draft, lm_weight, budget,
                      work / "eagle-head.ckpt", seed, eval_every_tokens=1 if tiny else 400_000)
     record = {
         "budget": budget_name, "seed": seed, "parameters": head.num_parameters, "generated_this_run": generate,
@@ -498,14 +508,12 @@ def evaluate(heads: list[Path], per_kind: int = 8, new_tokens: int = 64) -> dict
 
     target, tokenizer = load_target()
     heldout = heldout_features(target, tokenizer, per_kind, new_tokens)
-    target.float()
+    frozen_float(target)
     embed = target.get_input_embeddings()
     out = {}
     for folder in heads:
         head, vocab = load_head(folder)
-        vocab = torch.arange(target.config.vocab_size) if vocab is None else vocab
-        to_draft = draft_index(vocab, target.config.vocab_size)
-        lm_weight = target.lm_head.weight[vocab].detach()
+        to_draft, lm_weight = draft_lm_head(target, vocab)
         out[str(folder)] = {kind: agreement(head, embed, lm_weight, to_draft, seqs) for kind, seqs in heldout.items()}
     return out
 
