@@ -9,29 +9,38 @@ from pathlib import Path
 import pytest
 from factories import family_pair, tokenizer_a, tokenizer_b  # noqa: F401  (pytest fixtures)
 
-# Tests that run vLLM servers (and lesson 8, which starts its own) hold about one core for ten
-# minutes. scripts/test.sh runs them as a second pytest (``--stream vllm``) beside the rest
-# (``--stream main``), whose lessons run first so that they are what overlaps the servers.
-STREAMS = ("main", "vllm")
+# scripts/test.sh runs the suite as two pytest processes at once on two cores (``--stream main``
+# and ``--stream side``), one torch thread per process, then a third alone (``--stream quiet``).
+# The split is by measured time (each stream about 37 minutes on a 2-core AMD EPYC Zen 3):
+# - side: what runs its own processes for long: the vLLM servers' tests, lesson 8 (which starts
+#   its own servers) and the class graded by nbgrader, one notebook at a time;
+# - main: everything else, lessons first;
+# - quiet: the tests marked ``quiet_machine``, which need the other cores idle.
+STREAMS = ("main", "side", "quiet")
+SIDE_FILES = ("test_grading.py",)
 ONE_CORE_FIRST = ("test_notebooks.py",)
 
 
 def pytest_addoption(parser):
     parser.addoption("--stream", choices=STREAMS, help="run only this stream's tests (scripts/test.sh runs "
-                     "both at once); under it, subprocesses get one torch thread")
+                     "main and side at once, then quiet); under it, subprocesses get one torch thread")
 
 
 def pytest_configure(config):
     """Two streams on two cores: every subprocess (lesson kernels, CLIs, servers) gets one torch
     thread, as this process has (factories): two processes running two threads each on two
     cores stall each other (a decode ran 3x slower beside one busy core)."""
-    if config.getoption("--stream"):
+    if config.getoption("--stream") in ("main", "side"):
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
 
 
 def stream_of(item: pytest.Item) -> str:
-    in_vllm = "integration" in Path(item.path).parts or "08_serving_with_vllm" in item.name
-    return "vllm" if in_vllm else "main"
+    if item.get_closest_marker("quiet_machine"):
+        return "quiet"
+    path = Path(item.path)
+    if "integration" in path.parts or "08_serving_with_vllm" in item.name or path.name in SIDE_FILES:
+        return "side"
+    return "main"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -43,6 +52,13 @@ def pytest_collection_modifyitems(config, items):
             config.hook.pytest_deselected(items=other)
             items[:] = [item for item in items if stream_of(item) == stream]
     items.sort(key=lambda item: Path(item.path).name not in ONE_CORE_FIRST)  # stable: order kept otherwise
+
+
+@pytest.fixture(scope="session")
+def notebook_workers(request) -> int:
+    """Notebooks a test may run at once: one under ``--stream`` (the other stream holds the second
+    core), else two."""
+    return 1 if request.config.getoption("--stream") else 2
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -65,7 +65,7 @@ def solution_as_submitted(assignment: str):
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
+def graded(tmp_path_factory, notebook_workers):
     """Grade every sample of every assignment, plus each assignment's solution and untouched
     release, and one student who edited a locked test cell."""
     submitted = tmp_path_factory.mktemp("class") / "submitted"
@@ -82,7 +82,8 @@ def graded(tmp_path_factory):
     nbformat.write(tampered, submitted / "edits_tests" / EX01 / f"{EX01}.ipynb")
 
     work = submitted.parent / "work"
-    result = grade.grade(submitted, work, ASSIGNMENTS, roster=SAMPLES / "roster.csv", jobs=2)
+    result = grade.grade(submitted, work, ASSIGNMENTS, roster=SAMPLES / "roster.csv",
+                         jobs=notebook_workers)
     scores: dict[str, dict[str, dict[str, float]]] = {}
     for row in result["cells"]:
         scores.setdefault(row["assignment"], {}).setdefault(row["student"], {})[row["grade_id"]] = row["score"]

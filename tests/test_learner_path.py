@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from test_notebooks import errors_of, execute_notebooks, stderr_outputs
+from test_notebooks import errors_of, execute_notebooks, stderr_outputs, with_smaller_workloads
 
 ROOT = Path(__file__).resolve().parents[1]
 ASSIGNMENTS = sorted(p.name for p in (ROOT / "solutions").iterdir() if any(p.glob("*.ipynb")))
@@ -34,21 +34,19 @@ def test_every_smaller_workload_names_an_assignment():
 
 
 @pytest.fixture(scope="module")
-def executed_solutions(tmp_path_factory) -> dict:
-    """Every solution, with its smaller workloads, executed two at a time outside the grader."""
+def executed_solutions(tmp_path_factory, notebook_workers) -> dict:
+    """Every solution, with its smaller workloads, executed outside the grader (two at a time when
+    this pytest has both cores)."""
     out = tmp_path_factory.mktemp("learner_path")
     jobs = {}
     for assignment in ASSIGNMENTS:
         path = ROOT / "solutions" / assignment / f"{assignment}.ipynb"
         notebook = nbformat.read(path, as_version=4)
-        for old, new in SMALLER.get(assignment, []):
-            cells = [cell for cell in notebook.cells if old in cell.source]
-            assert len(cells) == 1, f"{assignment}: expected one cell with {old!r}, found {len(cells)}"
-            cells[0].source = cells[0].source.replace(old, new)
+        with_smaller_workloads(notebook, SMALLER.get(assignment, []), assignment)
         nbformat.write(notebook, out / f"{assignment}.ipynb")
         jobs[assignment] = (out / f"{assignment}.ipynb", path.parent)  # the kernel runs in the solution's folder
     env = {k: v for k, v in os.environ.items() if k != "SPECDEC_GRADING"}
-    return execute_notebooks(jobs, out, env)
+    return execute_notebooks(jobs, out, env, workers=notebook_workers)
 
 
 @pytest.mark.slow

@@ -21,6 +21,27 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.i
 # A hung cell fails the lesson after this long instead of stalling the suite (a lesson's whole
 # budget is 5 minutes on a 2-core CPU; no single cell should come near it).
 CELL_TIMEOUT_SECONDS = 300
+# The suite runs the lessons' longest measurements on smaller workloads: each change replaces one
+# constant (the test fails if the constant is gone) and keeps every code path of its cell; the
+# lessons' sentences are printed from what they measure. With SPECDEC_EXECUTED_LESSONS set (an
+# executed copy kept for reading) every lesson runs as a learner runs it. lesson -> (old, new)
+SMALLER = {
+    "01_why_speculative_decoding": [("NEW_TOKENS = 96 ", "NEW_TOKENS = 48 "),
+                                    ("SMOL_TOKENS, SMOL_PROMPTS = 64, 2", "SMOL_TOKENS, SMOL_PROMPTS = 32, 2")],
+    "04_why_it_is_exact": [("N_PROMPTS, GREEDY_TOKENS, KS = 12, 48,", "N_PROMPTS, GREEDY_TOKENS, KS = 6, 48,")],
+    "05_acceptance_k_speedup": [("NEW_TOKENS, N_PROMPTS = 48, 3", "NEW_TOKENS, N_PROMPTS = 32, 3")],
+    "07_prompt_lookup_and_family": [("NEW_TOKENS, K, PER_GROUP = 64, 3, 3", "NEW_TOKENS, K, PER_GROUP = 32, 3, 2"),
+                                    ("REAL_TOKENS, REAL_K, PER_KIND = 64, 2, 2",
+                                     "REAL_TOKENS, REAL_K, PER_KIND = 32, 2, 1")],
+}
+
+
+def with_smaller_workloads(notebook: nbformat.NotebookNode, changes: list[tuple[str, str]], name: str) -> None:
+    """Apply ``changes`` (old text -> new text, each in exactly one cell) to ``notebook`` in place."""
+    for old, new in changes:
+        cells = [cell for cell in notebook.cells if old in cell.source]
+        assert len(cells) == 1, f"{name}: expected one cell with {old!r}, found {len(cells)}"
+        cells[0].source = cells[0].source.replace(old, new)
 
 _RUN_ONE = """
 import sys, nbformat
@@ -62,6 +83,7 @@ def errors_of(notebook: nbformat.NotebookNode) -> list[str]:
 
 def test_there_are_lessons():
     assert NOTEBOOKS
+    assert set(SMALLER) <= {path.stem for path in NOTEBOOKS}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -107,8 +129,10 @@ def test_the_runner_reports_errors_and_stderr(tmp_path):
 def test_lesson_executes(path):
     # One lesson at a time, in this process's kernel manager: lessons time things, and several
     # run real models for minutes; two at a time on two cores pushed a cell past its timeout.
-    # (scripts/test.sh runs the vLLM stream beside them, with one torch thread per process.)
+    # (scripts/test.sh runs its other stream beside them, with one torch thread per process.)
     notebook = nbformat.read(path, as_version=4)
+    if not os.environ.get("SPECDEC_EXECUTED_LESSONS"):
+        with_smaller_workloads(notebook, SMALLER.get(path.stem, []), path.name)
     # Raises CellExecutionError, with the cell and its traceback, if any cell fails.
     NotebookClient(notebook, timeout=CELL_TIMEOUT_SECONDS, kernel_name="python3",
                    resources={"metadata": {"path": str(path.parent)}}).execute()
