@@ -11,9 +11,10 @@ from factories import family_pair, tokenizer_a, tokenizer_b  # noqa: F401  (pyte
 
 # scripts/test.sh runs the suite as two pytest processes at once on two cores (``--stream main``
 # and ``--stream side``), one torch thread per process, then a third alone (``--stream quiet``).
-# The split is by measured time (each stream about 37 minutes on a 2-core AMD EPYC Zen 3):
+# The split is by measured time (about 36 and 40 minutes on a 2-core AMD EPYC Zen 3, before the
+# side stream's grading ran two notebooks at a time):
 # - side: what runs its own processes for long: the vLLM servers' tests, lesson 8 (which starts
-#   its own servers) and the class graded by nbgrader, one notebook at a time;
+#   its own servers) and the class graded by nbgrader;
 # - main: everything else, lessons first;
 # - quiet: the tests marked ``quiet_machine``, which need the other cores idle.
 STREAMS = ("main", "side", "quiet")
@@ -56,9 +57,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def notebook_workers(request) -> int:
-    """Notebooks a test may run at once: one under ``--stream`` (the other stream holds the second
-    core), else two."""
-    return 1 if request.config.getoption("--stream") else 2
+    """Notebooks a test may run at once: one in the main stream (the side stream holds the other
+    core), else two. The side stream's grading runs two, so that it takes both cores once the
+    main stream has ended (beside it, three one-thread processes share two cores)."""
+    return 1 if request.config.getoption("--stream") == "main" else 2
 
 
 def pytest_terminal_summary(terminalreporter):
