@@ -11,14 +11,14 @@ from factories import family_pair, tokenizer_a, tokenizer_b  # noqa: F401  (pyte
 
 # scripts/test.sh runs the suite as two pytest processes at once on two cores (``--stream main``
 # and ``--stream side``), one torch thread per process, then a third alone (``--stream quiet``).
-# The split is by measured time (about 36 and 40 minutes on a 2-core AMD EPYC Zen 3, before the
-# side stream's grading ran two notebooks at a time):
+# The split is by measured time (see README.md for the latest figures per phase):
 # - side: what runs its own processes for long: the vLLM servers' tests, lesson 8 (which starts
-#   its own servers) and the class graded by nbgrader;
+#   its own servers), then the class graded by nbgrader and the solutions run as a learner runs
+#   them (both run two notebooks at a time, and so take both cores once the main stream ends);
 # - main: everything else, lessons first;
 # - quiet: the tests marked ``quiet_machine``, which need the other cores idle.
 STREAMS = ("main", "side", "quiet")
-SIDE_FILES = ("test_grading.py",)
+SIDE_FILES = ("test_grading.py", "test_learner_path.py")  # in this order (collection order)
 ONE_CORE_FIRST = ("test_notebooks.py",)
 
 
@@ -58,8 +58,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def notebook_workers(request) -> int:
     """Notebooks a test may run at once: one in the main stream (the side stream holds the other
-    core), else two. The side stream's grading runs two, so that it takes both cores once the
-    main stream has ended (beside it, three one-thread processes share two cores)."""
+    core), else two. The side stream runs two, so that it takes both cores once the main stream
+    has ended (beside it, three one-thread processes share two cores)."""
     return 1 if request.config.getoption("--stream") == "main" else 2
 
 

@@ -34,6 +34,8 @@ SMALLER = {
     "07_prompt_lookup_and_family": [("NEW_TOKENS, K, PER_GROUP = 64, 3, 3", "NEW_TOKENS, K, PER_GROUP = 32, 3, 2"),
                                     ("REAL_TOKENS, REAL_K, PER_KIND = 64, 2, 2",
                                      "REAL_TOKENS, REAL_K, PER_KIND = 32, 2, 1")],
+    "08_serving_with_vllm": [("NEW_TOKENS, N_PROMPTS, CONCURRENCY = 64, 6, (1, 2, 4, 8)",
+                              "NEW_TOKENS, N_PROMPTS, CONCURRENCY = 32, 3, (1, 4)")],
 }
 
 
