@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -181,6 +182,42 @@ def test_sampling_is_exact_with_the_head():
                                                           num_draft_tokens=2, do_sample=True, temperature=0.9,
                                                           top_k=6, generator=g, eos_token_id=[]))
     assert chi_square_pvalue(counts, exact_joint(target, sampler)) > 1e-3
+
+
+def test_stored_features_are_kept_per_data_file_and_computed_again_when_it_changes(tmp_path, target_and_head):
+    """The recipe's prefill over the stored continuations is cached one data file at a time:
+    a rerun reads it back without a target pass and gets the same values; a changed file,
+    and only that file, is computed again."""
+    target, _, _, sequences = target_and_head
+    data, cache = tmp_path / "data", tmp_path / "cache"
+    data.mkdir()
+
+    def store(name: str, seqs: list[torch.Tensor]) -> None:
+        np.savez(data / name, ids=torch.cat(seqs).numpy().astype(np.uint16),
+                 lengths=np.array([len(s) for s in seqs], dtype=np.int32),
+                 prompt_lens=np.full(len(seqs), 6, dtype=np.int32))
+
+    store("greedy-00000.npz", sequences[:3])
+    store("sampled-00000.npz", sequences[3:5])
+    passes = []
+    hook = target.model.register_forward_hook(lambda *_: passes.append(1))
+    try:
+        uncached = recipe.stored_features(target, data)
+        recipe.stored_features(target, data, cache)
+        computed = len(passes)
+        again = recipe.stored_features(target, data, cache)
+        assert len(passes) == computed, "cached features were computed again"
+        store("sampled-00000.npz", sequences[5:7])
+        changed = recipe.stored_features(target, data, cache)
+        assert len(passes) == computed + 1, "a changed data file, and only it, is computed again (one chunk)"
+    finally:
+        hook.remove()
+    assert sorted(p.name for p in cache.iterdir()) == ["greedy-00000.float32.pt", "sampled-00000.float32.pt"]
+    for a, b in zip(uncached, again, strict=True):
+        assert torch.equal(a.ids, b.ids) and torch.equal(a.features, b.features) and torch.equal(a.labels, b.labels)
+    fresh = recipe.target_features(target, sequences[5:7])
+    assert [torch.equal(a.ids, b.ids) and torch.equal(a.features, b.features) for a, b in zip(changed[3:], fresh)] \
+        == [True, True]
 
 
 def test_save_and_load_round_trip(tmp_path, target_and_head):

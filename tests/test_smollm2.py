@@ -198,6 +198,16 @@ def test_the_eagle_recipe_runs_end_to_end(tmp_path):
     out_ids = speculative_generate(target, EagleDrafter(head, target, vocab), ids, max_new_tokens=12,
                                    num_draft_tokens=3, eos_token_id=[])
     assert torch.equal(out_ids.sequences, autoregressive_generate(target, ids, 12, eos_token_id=[]).sequences)
+    # `--init HEAD --no-generate`: the saved head trained further, on features read back from `work`
+    shards = {p: p.stat().st_mtime_ns for p in (work / "features").iterdir()}
+    assert len(shards) == 2
+    warm_out = tmp_path / "warm"
+    warm = build(warm_out, work, "tiny", data=data, generate=False, init=out / "smollm2-eagle")
+    assert {p: p.stat().st_mtime_ns for p in (work / "features").iterdir()} == shards
+    assert warm["init"] == {"from": str(out / "smollm2-eagle"), "init": None,
+                            "train": {key: record["train"][key] for key in ("steps", "tokens", "minutes", "precision")}}
+    warm_head, warm_vocab = load_eagle(str(warm_out / "smollm2-eagle"))
+    assert torch.equal(warm_vocab, vocab) and not torch.equal(warm_head.fc.weight, head.fc.weight)
     build(out, work / "again", "tiny", data=data)  # a second run, with its own checkpoint folder
     assert len(list(data.iterdir())) == 4  # one more batch of each kind after those stored
     # `--only-generate MINUTES`: stage 1 alone grows the data (the first sampled batch always runs)

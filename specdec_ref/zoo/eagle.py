@@ -2,6 +2,8 @@
 
     python -m specdec_ref.zoo.eagle --out zoo --budget full
     python -m specdec_ref.zoo.eagle --only-generate 30     # stage 1 alone: 30 more minutes of data
+    python -m specdec_ref.zoo.eagle --no-generate --init zoo/smollm2-eagle --train-minutes 90
+                                                           # the shipped head trained further
     python -m specdec_ref.zoo.eagle --evaluate zoo/smollm2-eagle   # held-out agreement of saved heads
 
 EAGLE (Li et al. 2024, arXiv:2401.15077) drafts from the target's last hidden state
@@ -19,7 +21,8 @@ Stages (each resumes where it stopped):
                     generates only what its budget adds.
   2. features       one batched SmolLM2 prefill per chunk of sequences gives the feature
                     (last hidden state, after the final norm) at every position, and the
-                    target's greedy token after it; kept in ``--work``, never committed.
+                    target's greedy token after it; kept in ``--work``, one file per
+                    data file, never committed.
   3. head           trained with smooth-L1 on the next feature plus cross-entropy on the
                     target's next token, over two steps: the second step drafts from the
                     first step's predicted features, as drafting does (EAGLE-3's
@@ -33,10 +36,11 @@ Budgets are wall-clock minutes (``full``) or counts (``tiny``, for the test).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -183,15 +187,17 @@ def generate_continuations(target, tokenizer, texts: list[str], folder: Path, ki
             np.savez(folder / f"{kind}-{index:05d}.npz", **record)
 
 
+def file_continuations(path: Path) -> list[tuple[np.ndarray, int]]:
+    """The sequences of one stored batch as (ids, prompt length)."""
+    rec = np.load(path)
+    ends = np.cumsum(rec["lengths"])
+    return [(rec["ids"][end - length:end].astype(np.int64), int(prompt_len))
+            for end, length, prompt_len in zip(ends, rec["lengths"], rec["prompt_lens"])]
+
+
 def load_continuations(folder: Path) -> list[tuple[np.ndarray, int]]:
     """Every stored sequence as (ids, prompt length), in file order."""
-    out = []
-    for path in sorted(folder.glob("*.npz")):
-        rec = np.load(path)
-        ends = np.cumsum(rec["lengths"])
-        for end, length, prompt_len in zip(ends, rec["lengths"], rec["prompt_lens"]):
-            out.append((rec["ids"][end - length:end].astype(np.int64), int(prompt_len)))
-    return out
+    return [seq for path in sorted(folder.glob("*.npz")) for seq in file_continuations(path)]
 
 
 @dataclass
@@ -233,6 +239,40 @@ def target_features(target, sequences: list[torch.Tensor], batch_tokens: int = 8
                               scored_from[j] if scored_from else 0)
         i += len(chunk)
     return [out[j] for j in range(len(sequences))]
+
+
+def stored_features(target, data: Path, cache: Path | None = None) -> list[Features]:
+    """:func:`target_features` of every stored continuation, one data file at a time, in file
+    order. With ``cache``, each file's features are kept there (bfloat16, 1.2 KB a token, one
+    file per data file and target dtype, checked against the data file's hash) and read back
+    instead of computed: the prefill is the recipe's longest stage on a CPU without native
+    bfloat16 (some 300 tokens/s on an AVX2 Zen 3), so a stopped run resumes, file by file."""
+    paths = sorted(data.glob("*.npz"))
+    dtype = str(target.dtype).removeprefix("torch.")
+    out, computed, start = [], 0, time.time()
+    for n, path in enumerate(paths, 1):
+        seqs = [torch.from_numpy(ids) for ids, _ in file_continuations(path)]
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        shard = cache / f"{path.stem}.{dtype}.pt" if cache else None
+        saved = torch.load(shard) if shard and shard.exists() else None
+        if saved is not None and saved["source_sha256"] == digest:
+            lengths = [len(s) for s in seqs]
+            out += [Features(ids, f, y) for ids, f, y in
+                    zip(seqs, saved["features"].split(lengths), saved["labels"].split(lengths))]
+            continue
+        feats = target_features(target, seqs)
+        out += feats
+        computed += sum(len(s) for s in seqs)
+        if shard:
+            shard.parent.mkdir(parents=True, exist_ok=True)
+            tmp = shard.with_suffix(".tmp")  # renamed when whole: a run stopped mid-write leaves no shard
+            torch.save({"source_sha256": digest, "features": torch.cat([f.features for f in feats]),
+                        "labels": torch.cat([f.labels for f in feats])}, tmp)
+            tmp.replace(shard)
+        if n % 10 == 0 or n == len(paths):
+            print(f"features: {n}/{len(paths)} files, {computed} tokens computed "
+                  f"({computed / (time.time() - start):.0f} tokens/s)", flush=True)
+    return out
 
 
 def frequent_tokens(data: list[Features], size: int, vocab_size: int) -> torch.LongTensor:
@@ -464,27 +504,34 @@ def grow_data(target, tokenizer, data: Path, budget: Budget, seed: int = 0,
 
 
 def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DIR, seed: int = 0,
-          generate: bool = True) -> dict:
+          generate: bool = True, init: Path | None = None, train_minutes: float | None = None) -> dict:
     """Every stage; returns the record written to the manifest. ``generate=False`` trains on
-    the continuations already stored in ``data``."""
-    from specdec_ref.eagle import EagleConfig, init_head
+    the continuations already stored in ``data``. ``init``: a saved head to go on training
+    (with its draft vocabulary) instead of a fresh one; ``train_minutes`` overrides the
+    budget's. Features are cached in ``work/features``, the training checkpoint in ``work``."""
+    from specdec_ref.eagle import CONFIG_NAME, EagleConfig, init_head, load_head
     from specdec_ref.zoo.train import native_bf16
 
     budget = BUDGETS[budget_name]
+    if train_minutes is not None:
+        budget = replace(budget, train_minutes=train_minutes)
     target, tokenizer = load_target()
     if generate:
         grow_data(target, tokenizer, data, budget, seed)
     stored = load_continuations(data)
     t0 = time.time()
-    train_data = target_features(target, [torch.from_numpy(ids) for ids, _ in stored])
+    train_data = stored_features(target, data, work / "features")
     tiny = budget_name == "tiny"
     heldout = heldout_features(target, tokenizer, per_kind=2 if tiny else 8, new_tokens=8 if tiny else 64)
     feature_seconds = time.time() - t0
     frozen_float(target)
-    vocab = frequent_tokens(train_data, budget.draft_vocab, target.config.vocab_size)
+    if init is None:
+        head = init_head(EagleConfig.for_target(target.config), seed)
+        vocab = frequent_tokens(train_data, budget.draft_vocab, target.config.vocab_size)
+    else:
+        head, vocab = load_head(init)
     to_draft, lm_weight = draft_lm_head(target, vocab)
     labels = torch.cat([d.labels for d in train_data])
-    head = init_head(EagleConfig.for_target(target.config), seed)
     fit = train_head(head, target, train_data, heldout, to_draft, lm_weight, budget,
                      work / "eagle-head.ckpt", seed, eval_every_tokens=1 if tiny else 400_000)
     record = {
@@ -497,6 +544,11 @@ def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DI
         "loss": {"smooth_l1_features": 1.0, "cross_entropy": budget.ce_weight, "steps_unrolled": 2},
         "train": fit | {"precision": "bf16 autocast" if native_bf16() else "float32"},
     }
+    if init is not None:
+        before = json.loads((init / CONFIG_NAME).read_text())["specdec_eagle"]["record"]
+        trained = {key: value for key, value in before.get("train", {}).items()
+                   if key in ("steps", "tokens", "minutes", "precision")}
+        record["init"] = {"from": str(init), "train": trained, "init": before.get("init")}
     save(head, vocab, target.config, out, record)
     return record
 
@@ -522,11 +574,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("zoo"), help="zoo folder to write smollm2-eagle into")
     parser.add_argument("--work", type=Path, default=Path.home() / ".cache" / "specdec" / "eagle",
-                        help="where the training checkpoint is kept (a rerun resumes)")
+                        help="where the features and the training checkpoint are kept (a rerun resumes)")
     parser.add_argument("--data", type=Path, default=DATA_DIR,
                         help="where SmolLM2's continuations are stored (committed; a rerun adds to them)")
     parser.add_argument("--budget", choices=sorted(BUDGETS), default="full", help="time or step budget")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--init", type=Path, metavar="HEAD",
+                        help="go on training a saved head (and keep its draft vocabulary) instead of a fresh one")
+    parser.add_argument("--train-minutes", type=float, metavar="MINUTES",
+                        help="training time instead of the budget's (a stopped run resumes its checkpoint)")
     stage = parser.add_mutually_exclusive_group()
     stage.add_argument("--no-generate", action="store_true",
                        help="train on the stored continuations only (stage 1 skipped)")
@@ -543,8 +599,8 @@ def main() -> None:
         print(json.dumps(grow_data(*load_target(), args.data, BUDGETS[args.budget], args.seed,
                                    args.only_generate), indent=2))
         return
-    print(json.dumps(build(args.out, args.work, args.budget, args.data, args.seed, not args.no_generate),
-                     indent=2))
+    print(json.dumps(build(args.out, args.work, args.budget, args.data, args.seed, not args.no_generate,
+                           args.init, args.train_minutes), indent=2))
 
 
 if __name__ == "__main__":
