@@ -241,38 +241,45 @@ def target_features(target, sequences: list[torch.Tensor], batch_tokens: int = 8
     return [out[j] for j in range(len(sequences))]
 
 
-def stored_features(target, data: Path, cache: Path | None = None) -> list[Features]:
-    """:func:`target_features` of every stored continuation, one data file at a time, in file
-    order. With ``cache``, each file's features are kept there (bfloat16, 1.2 KB a token, one
-    file per data file and target dtype, checked against the data file's hash) and read back
-    instead of computed: the prefill is the recipe's longest stage on a CPU without native
-    bfloat16 (some 300 tokens/s on an AVX2 Zen 3), so a stopped run resumes, file by file."""
+def stored_features(target, data: Path, cache: Path | None = None, files_per_prefill: int = 16) -> list[Features]:
+    """:func:`target_features` of every stored continuation, in file order. With ``cache``,
+    each data file's features are kept there (bfloat16, 1.2 KB a token, one file per data file
+    and target dtype, checked against the data file's hash) and read back instead of computed:
+    the prefill is the recipe's longest stage on a CPU without native bfloat16 (some 300
+    tokens/s on an AVX2 Zen 3), so a stopped run resumes. Missing files are computed
+    ``files_per_prefill`` at a time: sorting more sequences by length pads less (a file alone
+    pads the stored sequences by 14 %, 16 files at a time by 3 %)."""
     paths = sorted(data.glob("*.npz"))
     dtype = str(target.dtype).removeprefix("torch.")
-    out, computed, start = [], 0, time.time()
-    for n, path in enumerate(paths, 1):
+    by_file: dict[Path, list[Features]] = {}
+    missing = []
+    for path in paths:
         seqs = [torch.from_numpy(ids) for ids, _ in file_continuations(path)]
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         shard = cache / f"{path.stem}.{dtype}.pt" if cache else None
         saved = torch.load(shard) if shard and shard.exists() else None
         if saved is not None and saved["source_sha256"] == digest:
             lengths = [len(s) for s in seqs]
-            out += [Features(ids, f, y) for ids, f, y in
-                    zip(seqs, saved["features"].split(lengths), saved["labels"].split(lengths))]
-            continue
-        feats = target_features(target, seqs)
-        out += feats
-        computed += sum(len(s) for s in seqs)
-        if shard:
-            shard.parent.mkdir(parents=True, exist_ok=True)
-            tmp = shard.with_suffix(".tmp")  # renamed when whole: a run stopped mid-write leaves no shard
-            torch.save({"source_sha256": digest, "features": torch.cat([f.features for f in feats]),
-                        "labels": torch.cat([f.labels for f in feats])}, tmp)
-            tmp.replace(shard)
-        if n % 10 == 0 or n == len(paths):
-            print(f"features: {n}/{len(paths)} files, {computed} tokens computed "
-                  f"({computed / (time.time() - start):.0f} tokens/s)", flush=True)
-    return out
+            by_file[path] = [Features(ids, f, y) for ids, f, y in
+                             zip(seqs, saved["features"].split(lengths), saved["labels"].split(lengths))]
+        else:
+            missing.append((path, seqs, digest, shard))
+    computed, start = 0, time.time()
+    for i in range(0, len(missing), files_per_prefill):
+        group = missing[i:i + files_per_prefill]
+        feats = target_features(target, [s for _, seqs, _, _ in group for s in seqs])
+        for path, seqs, digest, shard in group:
+            by_file[path], feats = feats[:len(seqs)], feats[len(seqs):]
+            computed += sum(len(s) for s in seqs)
+            if shard:
+                shard.parent.mkdir(parents=True, exist_ok=True)
+                tmp = shard.with_suffix(".tmp")  # renamed when whole: a run stopped mid-write leaves no shard
+                torch.save({"source_sha256": digest, "features": torch.cat([f.features for f in by_file[path]]),
+                            "labels": torch.cat([f.labels for f in by_file[path]])}, tmp)
+                tmp.replace(shard)
+        print(f"features: {len(paths) - len(missing) + i + len(group)}/{len(paths)} data files, {computed} tokens "
+              f"computed ({computed / (time.time() - start):.0f} tokens/s)", flush=True)
+    return [f for path in paths for f in by_file[path]]
 
 
 def frequent_tokens(data: list[Features], size: int, vocab_size: int) -> torch.LongTensor:
