@@ -202,7 +202,8 @@ def test_the_eagle_recipe_runs_end_to_end(tmp_path):
     shards = {p: p.stat().st_mtime_ns for p in (work / "features").iterdir()}
     assert len(shards) == 2
     warm_out = tmp_path / "warm"
-    warm = build(warm_out, work, "tiny", data=data, generate=False, init=out / "smollm2-eagle")
+    warm = build(warm_out, work, "tiny", data=data, generate=False, init=out / "smollm2-eagle", lr=1e-3)
+    assert record["train"]["peak_lr"] == BUDGETS["tiny"].lr and warm["train"]["peak_lr"] == 1e-3
     assert {p: p.stat().st_mtime_ns for p in (work / "features").iterdir()} == shards
     assert warm["init"] == {"from": str(out / "smollm2-eagle"), "init": None,
                             "train": {key: record["train"][key] for key in ("steps", "tokens", "minutes", "precision")}}

@@ -2,7 +2,7 @@
 
     python -m specdec_ref.zoo.eagle --out zoo --budget full
     python -m specdec_ref.zoo.eagle --only-generate 30     # stage 1 alone: 30 more minutes of data
-    python -m specdec_ref.zoo.eagle --no-generate --init zoo/smollm2-eagle --train-minutes 90
+    python -m specdec_ref.zoo.eagle --no-generate --init zoo/smollm2-eagle --train-minutes 90 --lr 3e-4
                                                            # the shipped head trained further
     python -m specdec_ref.zoo.eagle --evaluate zoo/smollm2-eagle   # held-out agreement of saved heads
 
@@ -511,17 +511,19 @@ def grow_data(target, tokenizer, data: Path, budget: Budget, seed: int = 0,
 
 
 def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DIR, seed: int = 0,
-          generate: bool = True, init: Path | None = None, train_minutes: float | None = None) -> dict:
+          generate: bool = True, init: Path | None = None, train_minutes: float | None = None,
+          lr: float | None = None) -> dict:
     """Every stage; returns the record written to the manifest. ``generate=False`` trains on
     the continuations already stored in ``data``. ``init``: a saved head to go on training
-    (with its draft vocabulary) instead of a fresh one; ``train_minutes`` overrides the
-    budget's. Features are cached in ``work/features``, the training checkpoint in ``work``."""
+    (with its draft vocabulary) instead of a fresh one; ``train_minutes`` and ``lr`` (the
+    peak learning rate) override the budget's. Features are cached in ``work/features``, the
+    training checkpoint in ``work``."""
     from specdec_ref.eagle import CONFIG_NAME, EagleConfig, init_head, load_head
     from specdec_ref.zoo.train import native_bf16
 
     budget = BUDGETS[budget_name]
-    if train_minutes is not None:
-        budget = replace(budget, train_minutes=train_minutes)
+    budget = replace(budget, train_minutes=budget.train_minutes if train_minutes is None else train_minutes,
+                     lr=budget.lr if lr is None else lr)
     target, tokenizer = load_target()
     if generate:
         grow_data(target, tokenizer, data, budget, seed)
@@ -549,7 +551,7 @@ def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DI
         "draft_vocab": {"size": int(vocab.numel()),
                         "coverage": round((to_draft[labels] >= 0).float().mean().item(), 4)},
         "loss": {"smooth_l1_features": 1.0, "cross_entropy": budget.ce_weight, "steps_unrolled": 2},
-        "train": fit | {"precision": "bf16 autocast" if native_bf16() else "float32"},
+        "train": fit | {"precision": "bf16 autocast" if native_bf16() else "float32", "peak_lr": budget.lr},
     }
     if init is not None:
         before = json.loads((init / CONFIG_NAME).read_text())["specdec_eagle"]["record"]
@@ -590,6 +592,8 @@ def main() -> None:
                         help="go on training a saved head (and keep its draft vocabulary) instead of a fresh one")
     parser.add_argument("--train-minutes", type=float, metavar="MINUTES",
                         help="training time instead of the budget's (a stopped run resumes its checkpoint)")
+    parser.add_argument("--lr", type=float, help="peak learning rate instead of the budget's (3e-3); going on "
+                        "from a trained head at 3e-3 undid much of its training; 3e-4 is where the shipped one ended")
     stage = parser.add_mutually_exclusive_group()
     stage.add_argument("--no-generate", action="store_true",
                        help="train on the stored continuations only (stage 1 skipped)")
@@ -607,7 +611,7 @@ def main() -> None:
                                    args.only_generate), indent=2))
         return
     print(json.dumps(build(args.out, args.work, args.budget, args.data, args.seed, not args.no_generate,
-                           args.init, args.train_minutes), indent=2))
+                           args.init, args.train_minutes, args.lr), indent=2))
 
 
 if __name__ == "__main__":
