@@ -245,7 +245,7 @@ def stored_features(target, data: Path, cache: Path | None = None, files_per_pre
     """:func:`target_features` of every stored continuation, in file order. With ``cache``,
     each data file's features are kept there (bfloat16, 1.2 KB a token, one file per data file
     and target dtype, checked against the data file's hash) and read back instead of computed:
-    the prefill is the recipe's longest stage on a CPU without native bfloat16 (some 300
+    the prefill is the recipe's longest stage on a CPU without native bfloat16 (some 350
     tokens/s on an AVX2 Zen 3), so a stopped run resumes. Missing files are computed
     ``files_per_prefill`` at a time: sorting more sequences by length pads less (a file alone
     pads the stored sequences by 14 %, 16 files at a time by 3 %)."""
