@@ -14,7 +14,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdec_ref.zoo import EAGLE_HEADS, NAMES, RECIPE_NAMES, ZOO_DIR, load, load_tokenizer, resolve, resolve_tokenizer
-from specdec_ref.zoo.corpus import build_corpus, heldout_prompts, is_test_file
+from specdec_ref.zoo import corpus
+from specdec_ref.zoo.corpus import build_corpus, corpus_cache_key, heldout_prompts, is_test_file, load_or_build_corpus
 from specdec_ref.zoo.train import native_bf16, topk_distill_loss, training_autocast
 from specdec_ref.zoo.evaluate import evaluate, loop_period
 
@@ -110,6 +111,40 @@ def test_corpus_is_deterministic_and_split_by_file() -> None:
     assert all(100 <= len(p) <= 400 and not p.endswith("\n") for p in prompts)
     library_text = "".join(text for name, text in a.heldout.items() if not is_test_file(name))
     assert all(p in library_text for p in prompts)  # held-out library code, not tests
+
+
+def test_the_corpus_is_kept_on_disk_and_built_again_only_when_needed(tmp_path, monkeypatch) -> None:
+    builds = []
+
+    def small_build():  # the cache does not look inside the corpus: a 40-file build keeps this test short
+        builds.append(1)
+        return build_corpus(max_files=40)
+
+    monkeypatch.setattr(corpus, "build_corpus", small_build)
+    built = load_or_build_corpus(tmp_path / "cache")
+    stored = list((tmp_path / "cache").iterdir())
+    assert len(builds) == 1 and [p.name for p in stored] == [f"stdlib-{corpus_cache_key()}.json"]
+    assert load_or_build_corpus(tmp_path / "cache") == built and len(builds) == 1  # read back, not built
+    stored[0].write_text('{"train": {')  # a damaged file (e.g. a full disk) is built again and replaced
+    assert load_or_build_corpus(tmp_path / "cache") == built and len(builds) == 2
+    assert load_or_build_corpus(tmp_path / "cache") == built and len(builds) == 2
+    (tmp_path / "a file").write_text("")  # a folder that cannot be made: built, nothing stored, no error
+    assert load_or_build_corpus(tmp_path / "a file" / "cache") == built and len(builds) == 3
+    assert load_or_build_corpus(None) == built and len(builds) == 4
+
+
+def test_the_corpus_cache_key_follows_the_files_the_corpus_reads(tmp_path) -> None:
+    (tmp_path / "json").mkdir()
+    (tmp_path / "site-packages").mkdir()
+    (tmp_path / "json" / "decoder.py").write_text("x = 1\n")
+    key = corpus_cache_key(tmp_path)
+    (tmp_path / "site-packages" / "numpy.py").write_text("y = 2\n")  # not read by the corpus
+    assert corpus_cache_key(tmp_path) == key
+    (tmp_path / "json" / "decoder.py").write_text("x = 10\n")
+    changed = corpus_cache_key(tmp_path)
+    assert changed != key
+    (tmp_path / "json" / "scanner.py").write_text("z = 3\n")
+    assert corpus_cache_key(tmp_path) not in (key, changed)
 
 
 def test_shipped_zoo_has_declared_properties() -> None:

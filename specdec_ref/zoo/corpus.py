@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
+import os
 import random
 import re
+import sys
 import sysconfig
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,14 +117,14 @@ def source_files(root: Path | None = None) -> list[Path]:
     """The stdlib ``.py`` files the corpus may use, sorted (generated data excluded)."""
     root = root or stdlib_dir()
     files = []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root)
-        if any(part in _SKIP_DIRS for part in rel.parts[:-1]):
-            continue
-        if rel.name.startswith(_SKIP_FILE_PREFIXES) or rel.parts[0].startswith("config-"):
-            continue
-        files.append(path)
-    return files
+    for folder, subfolders, names in os.walk(root):
+        rel = Path(folder).relative_to(root)
+        # Skipped folders are not walked (the base interpreter's site-packages can be large).
+        subfolders[:] = [d for d in subfolders
+                         if d not in _SKIP_DIRS and not (rel == Path(".") and d.startswith("config-"))]
+        files.extend(Path(folder) / name for name in names
+                     if name.endswith(".py") and not name.startswith(_SKIP_FILE_PREFIXES))
+    return sorted(files)
 
 
 def build_corpus(max_files: int | None = None, heldout_frac: float = 0.03, seed: int = 0) -> Corpus:
@@ -158,11 +162,50 @@ def build_corpus(max_files: int | None = None, heldout_frac: float = 0.03, seed:
     return Corpus(corpus.train, corpus.heldout, digest)
 
 
+def corpus_cache_key(root: Path | None = None) -> str:
+    """What a default build depends on: this module's code, the Python version, and every
+    source file's path, size and modification time (as ``make`` judges staleness)."""
+    root = root or stdlib_dir()
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(f"{sys.version}\0{root}\0".encode())
+    for path in source_files(root):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(root).as_posix()}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    return digest.hexdigest()[:16]
+
+
+def load_or_build_corpus(cache_dir: Path | None) -> Corpus:
+    """The default corpus, read from ``cache_dir`` when a build for the same inputs is stored
+    there, else built and stored (written under a temporary name, then renamed, so processes
+    building at once never read half a file). ``None``: build, store nothing."""
+    if cache_dir is None:
+        return build_corpus()
+    path = cache_dir / f"stdlib-{corpus_cache_key()}.json"
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        return Corpus(stored["train"], stored["heldout"], stored["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):  # missing, unreadable or damaged: build again
+        pass
+    corpus = build_corpus()
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=cache_dir, suffix=".tmp", delete=False) as tmp:
+            json.dump({"train": corpus.train, "heldout": corpus.heldout, "sha256": corpus.sha256}, tmp)
+        os.replace(tmp.name, path)
+    except OSError:  # a read-only home: the corpus still works, built each time
+        pass
+    return corpus
+
+
 @functools.cache
 def cached_corpus() -> Corpus:
-    """The default corpus (:func:`build_corpus` with its defaults), built once per process:
-    prompt helpers ask for it again and again, and a build reads the whole stdlib (about 18 s)."""
-    return build_corpus()
+    """The default corpus (:func:`build_corpus` with its defaults), once per process and kept on
+    disk between processes: prompt helpers ask for it again and again, and a build reads and
+    cleans the whole stdlib (about 10 s), against a fraction of a second to read it back. The
+    folder is ``$SPECDEC_CACHE/corpus`` (default ``~/.cache/specdec/corpus``)."""
+    from specdec_ref.zoo.smollm2 import cache_root
+
+    return load_or_build_corpus(cache_root() / "corpus")
 
 
 def _prompt_from(lines: list[str], start: int, min_chars: int, max_chars: int) -> str | None:
