@@ -3,6 +3,7 @@
     python benchmarks/vllm_vs_fast.py                      # zoo:target + zoo:draft, 8 prompts, k = 4
     python benchmarks/vllm_vs_fast.py --prompts 4 --k 4 --json out/vllm_vs_fast.json
     python benchmarks/vllm_vs_fast.py --compile            # the fast reference compiled as well
+    python benchmarks/vllm_vs_fast.py --vllm-eager         # vLLM without torch.compile: a check, not a race
 
 Two servers run one after the other, float32 like the reference: plain decoding, then
 draft-model speculation with k drafts per step. While a server is up, every prompt is
@@ -43,9 +44,11 @@ def free_port() -> int:
 
 
 def compare(target: str, draft: str, venv: Path, prompts: list[str], k: int, max_new_tokens: int,
-            log_dir: Path, compile: bool = False) -> dict:
+            log_dir: Path, compile: bool = False, vllm_eager: bool = False) -> dict:
     """Time vLLM and the reference on every prompt, for plain decoding and for draft-model speculation.
-    ``compile``: the fast reference is ``fast.prepare(..., compile=True)`` (compiled during the warm-up)."""
+    ``compile``: the fast reference is ``fast.prepare(..., compile=True)`` (compiled during the warm-up).
+    ``vllm_eager``: the servers run with ``--enforce-eager`` (no torch.compile while they start: about
+    a minute less per server on a CPU, and slower decoding, so their tokens/s do not stand for vLLM's)."""
     target_model, tokenizer = zoo.load(target)
     draft_model, _ = zoo.load(draft)
     reference = {"eager": (target_model, draft_model),
@@ -68,6 +71,7 @@ def compare(target: str, draft: str, venv: Path, prompts: list[str], k: int, max
         settings = {"method": "draft_model", "draft": draft, "num_speculative_tokens": k} if method else {"method": None}
         with VLLMServer.launch(target, **settings, api_key=API_KEY, port=free_port(), dtype="float32",
                                launcher=venv_launcher(venv), env=env, log_path=log_dir / f"{label}.log",
+                               extra_args=["--enforce-eager"] if vllm_eager else (),
                                startup_timeout=900, progress=False) as server:
             client = server.client()
 
@@ -95,7 +99,7 @@ def compare(target: str, draft: str, venv: Path, prompts: list[str], k: int, max
         for name, ids in by_method.items():
             results[label][name]["identical_to_eager_baseline"] = sum(a == b for a, b in zip(ids, expected))
     return {"target": target, "draft": draft, "k": k, "prompts": len(prompts), "max_new_tokens": max_new_tokens,
-            "fast_path": fast.path_name(reference["fast"][0]),
+            "fast_path": fast.path_name(reference["fast"][0]), "vllm_compiled": not vllm_eager,
             "threads": torch.get_num_threads(), "load_average": os.getloadavg()} | results
 
 
@@ -106,7 +110,9 @@ def report(summary: dict) -> list[str]:
              f"k = {summary['k']}, fast path: {summary['fast_path']}, reference threads {summary['threads']}, "
              "load average at the end "
              + ", ".join(f"{x:.1f}" for x in summary["load_average"]),
-             "tokens/s, medians per request (range); vLLM's include its HTTP round trip and streaming"]
+             "tokens/s, medians per request (range); vLLM's include its HTTP round trip and streaming"
+             + ("" if summary["vllm_compiled"] else "; vLLM ran without torch.compile (--enforce-eager), "
+                "so its figures are not its best")]
     for label in ("baseline", "speculative"):
         row = summary[label]
         cells = [f"{name} {row[name]['tokens_per_second']:6.1f} ({row[name]['tokens_per_second_range'][0]:.0f}-"
@@ -128,12 +134,14 @@ def main(argv: list[str] | None = None) -> None:
                         help="vLLM's environment (scripts/setup_vllm_env.sh makes .venv-vllm)")
     parser.add_argument("--json", help="also write the summary to this JSON file")
     parser.add_argument("--compile", action="store_true", help="compile the fast reference as well (torch.compile)")
+    parser.add_argument("--vllm-eager", action="store_true",
+                        help="start vLLM with --enforce-eager: quicker starts, slower decoding (for checks)")
     args = parser.parse_args(argv)
     if not (args.venv / "bin" / "python").exists():
         sys.exit(f"error: no vLLM environment at {args.venv}: run scripts/setup_vllm_env.sh first")
     with tempfile.TemporaryDirectory(prefix="vllm-vs-fast-") as tmp:
         summary = compare(args.target, args.draft, args.venv, heldout_prompts(args.prompts), args.k,
-                          args.max_new_tokens, Path(tmp), compile=args.compile)
+                          args.max_new_tokens, Path(tmp), compile=args.compile, vllm_eager=args.vllm_eager)
     print("\n".join(report(summary)))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ started, used by the tests of that configuration, and stopped:
 The servers here run with ``--enforce-eager``: these tests check outputs and
 counters, and torch.compile would add about a minute to every start (its cache
 key includes the speculative config, so no two servers share it).  Compiled
-throughput is measured beside the reference in ``test_vllm_vs_fast.py``.
+servers start in lesson 8; ``benchmarks/vllm_vs_fast.py`` times them beside the reference.
 
 Run: ``pytest -m vllm tests/integration/test_vllm_server.py``.
 """
