@@ -28,7 +28,8 @@ CELL_TIMEOUT_SECONDS = 300
 SMALLER = {
     "01_why_speculative_decoding": [("NEW_TOKENS = 96 ", "NEW_TOKENS = 48 "), ("N_PROMPTS = 5 ", "N_PROMPTS = 3 "),
                                     ("SMOL_TOKENS, SMOL_PROMPTS = 64, 2", "SMOL_TOKENS, SMOL_PROMPTS = 32, 1")],
-    "04_why_it_is_exact": [("N_PROMPTS, GREEDY_TOKENS, KS = 12, 48,", "N_PROMPTS, GREEDY_TOKENS, KS = 6, 48,")],
+    "04_why_it_is_exact": [("N_PROMPTS, GREEDY_TOKENS, KS = 12, 48,", "N_PROMPTS, GREEDY_TOKENS, KS = 6, 48,"),
+                           ("GENERATE_RUNS = 500 ", "GENERATE_RUNS = 250 ")],
     "05_acceptance_k_speedup": [("NEW_TOKENS, N_PROMPTS = 48, 3", "NEW_TOKENS, N_PROMPTS = 32, 3")],
     "06_tokenizers_uag": [("NEW_TOKENS, K, N_PROMPTS = 48, 4, 3", "NEW_TOKENS, K, N_PROMPTS = 32, 4, 3")],
     "07_prompt_lookup_and_family": [("NEW_TOKENS, K, PER_GROUP = 64, 3, 3", "NEW_TOKENS, K, PER_GROUP = 32, 3, 1"),
