@@ -11,6 +11,8 @@ Size matters too: the library alone (9M characters) let a 23M target overfit.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -19,7 +21,6 @@ import random
 import re
 import sys
 import sysconfig
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,26 +175,24 @@ def corpus_cache_key(root: Path | None = None) -> str:
     return digest.hexdigest()[:16]
 
 
-def load_or_build_corpus(cache_dir: Path | None) -> Corpus:
+def load_or_build_corpus(cache_dir: Path) -> Corpus:
     """The default corpus, read from ``cache_dir`` when a build for the same inputs is stored
-    there, else built and stored (written under a temporary name, then renamed, so processes
-    building at once never read half a file). ``None``: build, store nothing."""
-    if cache_dir is None:
-        return build_corpus()
+    there, else built and stored (written under a name of this process's, then renamed, so
+    processes building at once never read half a file)."""
     path = cache_dir / f"stdlib-{corpus_cache_key()}.json"
     try:
-        stored = json.loads(path.read_text(encoding="utf-8"))
-        return Corpus(stored["train"], stored["heldout"], stored["sha256"])
-    except (OSError, ValueError, KeyError, TypeError):  # missing, unreadable or damaged: build again
+        return Corpus(**json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):  # missing, unreadable or damaged: build again
         pass
     corpus = build_corpus()
+    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=cache_dir, suffix=".tmp", delete=False) as tmp:
-            json.dump({"train": corpus.train, "heldout": corpus.heldout, "sha256": corpus.sha256}, tmp)
-        os.replace(tmp.name, path)
-    except OSError:  # a read-only home: the corpus still works, built each time
-        pass
+        partial.write_text(json.dumps(dataclasses.asdict(corpus)), encoding="utf-8")
+        partial.replace(path)
+    except OSError:  # a read-only home or a full disk: the corpus still works, built each time
+        with contextlib.suppress(OSError):
+            partial.unlink()
     return corpus
 
 
