@@ -325,9 +325,10 @@ def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_toke
     ok, reason = (fast.compile_available if compile else fast.available)(pair.target)
     if not ok:
         raise ValueError(f"the fast path does not apply: {reason}")
-    fast_pair = Pair(fast.prepare(pair.target, compile=compile),
-                     pair.draft if pair.draft_model is None else fast.prepare(pair.draft, compile=compile),
-                     pair.target_tokenizer, pair.draft_tokenizer)
+    fast_target = fast.prepare(pair.target, compile=compile)
+    fast_draft = (pair.draft.for_target(fast_target) if isinstance(pair.draft, EagleDrafter)
+                  else pair.draft if pair.draft_model is None else fast.prepare(pair.draft, compile=compile))
+    fast_pair = Pair(fast_target, fast_draft, pair.target_tokenizer, pair.draft_tokenizer)
     versions = {"eager": pair, "fast": fast_pair}
     encoded = [pair.target_tokenizer(p, return_tensors="pt").input_ids.to(pair.target.device) for p in prompts]
 

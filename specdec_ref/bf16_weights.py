@@ -63,22 +63,24 @@ def _variant_flags() -> tuple[str, ...] | None:
     return KERNEL_VARIANTS.get(os.environ.get("SPECDEC_BF16_KERNEL") or "native")
 
 
-def _build_command(compiler: str, variant: tuple[str, ...], target: Path) -> list[str]:
+def _build_command(compiler: str, variant: tuple[str, ...], source: Path, target: Path) -> list[str]:
     from torch.utils.cpp_extension import include_paths, library_paths
 
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
-    return [compiler, *FLAGS, *variant, abi, *(f"-I{path}" for path in include_paths()), str(SOURCE),
+    return [compiler, *FLAGS, *variant, abi, *(f"-I{path}" for path in include_paths()), str(source),
             *(f"-L{path}" for path in library_paths()), "-lc10", "-ltorch_cpu", "-o", str(target)]
 
 
-def _output_shape(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def _output_shape(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, *options) -> torch.Tensor:
     """What torch.compile traces with: the operator's output, without computing it."""
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
-@cache
-def _operator() -> tuple[bool, str]:
-    """Build (once per source, compiler, torch and CPU) and load the operator: (ok, why not)."""
+def build_operator(source: Path, operators: tuple[str, ...], kernel: str,
+                   isa: str | None = None) -> tuple[bool, str]:
+    """Build ``source`` (once per source, compiler, torch and CPU) into the course cache and load
+    its ``specdec::`` operators: ``(ok, why not)``. ``kernel`` names it in the reason; ``isa`` is
+    the instruction set it uses (None: AVX-512 where the CPU and the variant have it, else AVX2)."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return False, f"the kernel is written for x86-64 Linux, not {platform.system()} {platform.machine()}"
     cpu_flags = _cpu_flags()
@@ -93,22 +95,29 @@ def _operator() -> tuple[bool, str]:
     if variant is None:
         return False, (f"SPECDEC_BF16_KERNEL={os.environ['SPECDEC_BF16_KERNEL']!r} is not a kernel variant "
                        f"(choose from {', '.join(KERNEL_VARIANTS)})")
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), compiler, torch.__version__, *FLAGS, *variant,
+    key = hashlib.sha256("\n".join([source.read_text(), compiler, torch.__version__, *FLAGS, *variant,
                                     *sorted(cpu_flags)]).encode()).hexdigest()[:16]
-    built = cache_root() / "kernels" / f"bf16_weights-{key}.so"
+    built = cache_root() / "kernels" / f"{source.stem}-{key}.so"
     if not built.exists():
         built.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=built.parent) as scratch:
             target = Path(scratch) / built.name
-            result = subprocess.run(_build_command(compiler, variant, target), capture_output=True, text=True)
+            result = subprocess.run(_build_command(compiler, variant, source, target), capture_output=True, text=True)
             if result.returncode:
                 first = next((line for line in result.stderr.splitlines() if "error" in line), "no message")
                 return False, f"building the kernel with {compiler} failed: {first.strip()}"
             os.replace(target, built)  # atomic: a concurrent build never sees half a file
     torch.ops.load_library(str(built))
-    torch.library.register_fake("specdec::bf16_weights_linear")(_output_shape)
-    isa = "AVX-512" if "avx512f" in cpu_flags and not variant else "AVX2"
-    return True, f"the bf16-weight kernel is built ({isa}, {built.name})"
+    for name in operators:
+        torch.library.register_fake(f"specdec::{name}")(_output_shape)
+    isa = isa or ("AVX-512" if "avx512f" in cpu_flags and not variant else "AVX2")
+    return True, f"the {kernel} is built ({isa}, {built.name})"
+
+
+@cache
+def _operator() -> tuple[bool, str]:
+    """Build and load the bf16-weight operator: (ok, why not)."""
+    return build_operator(SOURCE, ("bf16_weights_linear",), "bf16-weight kernel")
 
 
 def available() -> tuple[bool, str]:

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fast
 from .drafters import Proposal
 from .inputs import check_context
 from .sampling import Sampler
@@ -179,14 +180,23 @@ class EagleDrafter:
         from .drafters import check_min_confidence
 
         check_min_confidence(min_confidence)
-        self.head, self.target = head, target
+        self.target = target
         self.embed = target.get_input_embeddings()
         lm_weight = target.get_output_embeddings().weight
         self.draft_vocab = None if draft_vocab is None else draft_vocab.to(lm_weight.device)
-        self.lm_weight = lm_weight if draft_vocab is None else lm_weight[self.draft_vocab].detach().clone()
+        rows = lm_weight if draft_vocab is None else lm_weight[self.draft_vocab].detach()
+        self.lm_head = nn.Linear(*rows.shape[::-1], bias=False, device="meta")  # the target's rows, not a copy of all
+        self.lm_head.weight = rows if draft_vocab is None else nn.Parameter(rows, requires_grad=False)
+        self.head = head
+        if fast.is_fast(target) and not fast.is_fast(head):  # the head and its LM head rows read the target's fast kernels
+            self.head, self.lm_head = fast.fast_layers(head), fast.fast_layers(self.lm_head)
         self.vocab_size = lm_weight.shape[0]
         self.min_confidence = min_confidence
         self.start(torch.zeros(1, dtype=torch.long), 0)
+
+    def for_target(self, target: nn.Module) -> EagleDrafter:
+        """The same head drafting for another version of its target (the fast one of :func:`specdec_ref.fast.prepare`)."""
+        return EagleDrafter(self.head, target, self.draft_vocab, self.min_confidence)
 
     def start(self, prompt: torch.LongTensor, max_new_tokens: int) -> None:
         if max_new_tokens:
@@ -204,7 +214,7 @@ class EagleDrafter:
             self.features.append(features)
 
     def propose(self, tokens: torch.LongTensor, max_tokens: int, sampler: Sampler) -> Proposal:
-        dtype = self.lm_weight.dtype
+        dtype = self.lm_head.weight.dtype
         pending = torch.cat(self.features) if self.features else None
         known = self.cached + (0 if pending is None else pending.shape[0])
         if known != tokens.numel() - 1:
@@ -226,7 +236,7 @@ class EagleDrafter:
             if step == 0:
                 self.cached += ids.numel()
             position += ids.numel()
-            logits = predicted[0, -1] @ self.lm_weight.T
+            logits = self.lm_head(predicted[0, -1:])[0]
             token, q = self.choose(logits, sampler)
             drafts.append(token)
             if q is not None:
@@ -260,9 +270,9 @@ class EagleDrafter:
     @property
     def weight_bytes(self) -> float:
         """Bytes one draft step reads: the head, its LM head rows and one embedding row."""
-        head = sum(p.numel() * p.element_size() for p in self.head.parameters())
         row = self.embed.weight[0]
-        return float(head + self.lm_weight.numel() * self.lm_weight.element_size() + row.numel() * row.element_size())
+        return fast.streamed_weight_bytes(self.head) + fast.streamed_weight_bytes(self.lm_head) + float(
+            row.numel() * row.element_size())
 
 
 # --- saving and loading -------------------------------------------------------------------

@@ -73,6 +73,7 @@ from itertools import chain
 import torch
 
 from . import bf16_weights as bf16
+from . import gguf_weights as gguf
 from .drafters import GREEDY_DRAFTS
 from .kv_cache import CAPACITY_ATTRIBUTE, PreallocatedLayer, new_cache, reserve, rollback
 from .roofline import last_level_cache_bytes, weight_bytes
@@ -85,7 +86,8 @@ MIN_TORCH = (2, 2)
 TORCH_VERSION = torch.__version__
 
 # Top-level profiler op names that are a weight matmul (eager nn.Linear, GPT-2 Conv1D, packed).
-LINEAR_OPS = frozenset({"aten::linear", "aten::addmm", "mkldnn::_linear_pointwise", "specdec::bf16_weights_linear"})
+LINEAR_OPS = frozenset({"aten::linear", "aten::addmm", "mkldnn::_linear_pointwise", "specdec::bf16_weights_linear",
+                        "specdec::gguf_weights_linear"})
 
 
 class FastPathWarning(UserWarning):
@@ -206,31 +208,37 @@ def _copy_sharing_weights(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model, memo)
 
 
-FAST_LAYERS = (PackedLinear, bf16.Bf16WeightLinear)
+FAST_LAYERS = (PackedLinear, bf16.Bf16WeightLinear, gguf.GgufWeightLinear)
 
 
 def is_fast(model: torch.nn.Module) -> bool:
-    """Whether ``model`` has layers on packed or bf16-stored weights (i.e. came from :func:`prepare`)."""
+    """Whether ``model`` has layers on packed, GGUF-coded or bf16-stored weights (i.e. came from :func:`prepare`)."""
     return any(isinstance(m, FAST_LAYERS) for m in model.modules())
 
 
 def path_name(model: torch.nn.Module) -> str:
     """What a model from :func:`prepare` runs on, in a few words, for reports."""
     layers = [m for m in model.modules() if isinstance(m, (*FAST_LAYERS, torch.nn.Linear))]
+    coded = [m for m in layers if isinstance(m, gguf.GgufWeightLinear)]
     halved = sum(isinstance(m, bf16.Bf16WeightLinear) for m in layers)
     packed = sum(isinstance(m, PackedLinear) for m in layers)
-    parts = [f"bf16-stored weights ({halved} of {len(layers)} linear layers)"] if halved else []
-    parts += ["prepacked oneDNN weights" + (f" ({packed} of {len(layers)})" if halved else "")] if packed else []
+    parts = []
+    for bits, name in gguf.CODES.items():
+        count = sum(m.bits == bits for m in coded)
+        parts += [f"{name}-coded weights ({count} of {len(layers)} linear layers)"] if count else []
+    parts += [f"bf16-stored weights ({halved} of {len(layers)} linear layers)"] if halved else []
+    parts += ["prepacked oneDNN weights" + (f" ({packed} of {len(layers)})" if halved or coded else "")] if packed else []
     parts += ["torch.compile"] if is_compiled(model) else []
     return " + ".join(parts) or "the eager model"
 
 
 def streamed_weight_bytes(model: torch.nn.Module) -> float:
     """Weight bytes one decode step reads: ``roofline.weight_bytes(model)``, with each
-    bf16-stored layer's half-size copy in place of its fp32 weight."""
+    bf16-stored layer's half-size copy, and each GGUF-coded layer's codes and scales, in place
+    of its fp32 weight."""
     total = weight_bytes(model)
     for layer in model.modules():
-        if isinstance(layer, bf16.Bf16WeightLinear):
+        if isinstance(layer, (bf16.Bf16WeightLinear, gguf.GgufWeightLinear)):
             total -= layer.weight.numel() * layer.weight.element_size()
             total += layer.packed.numel() * layer.packed.element_size()
     return total
@@ -396,20 +404,31 @@ def is_compiled(model: torch.nn.Module) -> bool:
     return getattr(model, "_specdec_compiled", False)
 
 
+def _coded_layers(model: torch.nn.Module) -> list:
+    """(parent, name, layer, coded layer) for every ``nn.Linear`` whose float32 weight is a GGUF
+    block code that :mod:`gguf_weights` can serve here."""
+    if not gguf.available()[0]:
+        return []
+    coded = [(parent, name, layer, gguf.GgufWeightLinear.from_layer(layer))
+             for parent, name, layer in _linear_layers(model) if isinstance(layer, torch.nn.Linear)]
+    return [entry for entry in coded if entry[3] is not None]
+
+
 def _bf16_layers(model: torch.nn.Module) -> list:
-    """The (parent, name, layer) of every ``nn.Linear`` that :mod:`bf16_weights` can serve
-    here (bf16-exact float32 weights of a shape its blocking covers)."""
+    """(parent, name, layer, bf16-stored layer) for every ``nn.Linear`` that :mod:`bf16_weights`
+    can serve here (bf16-exact float32 weights of a shape its blocking covers)."""
     if not bf16.available()[0]:
         return []
-    return [(parent, name, layer) for parent, name, layer in _linear_layers(model)
+    return [(parent, name, layer, bf16.Bf16WeightLinear(layer.weight, layer.bias))
+            for parent, name, layer in _linear_layers(model)
             if isinstance(layer, torch.nn.Linear) and bf16.fits(*layer.weight.shape)
             and bf16.is_bf16_exact(layer.weight)]
 
 
-def _replace(model: torch.nn.Module, layers: list, make) -> str | None:
-    """Swap each (parent, name, layer) for ``make(layer)`` after :func:`check_layer`; a problem stops it."""
-    for parent, name, layer in layers:
-        fast_layer = make(layer)
+def _replace(model: torch.nn.Module, swaps: list) -> str | None:
+    """Put each (parent, name, layer, fast layer)'s fast layer in place after :func:`check_layer`;
+    a problem stops it."""
+    for parent, name, layer, fast_layer in swaps:
         problem = check_layer(layer, fast_layer)
         if problem:
             return problem
@@ -417,14 +436,50 @@ def _replace(model: torch.nn.Module, layers: list, make) -> str | None:
     return None
 
 
+def _swap_linear_layers(module: torch.nn.Module, bf16_weights: bool = True, gguf_weights: bool = True,
+                        pack: bool = True) -> str | None:
+    """Put ``module``'s linear layers on the fast kernels, in place: GGUF-coded, else bf16-stored,
+    else (with ``pack``) prepacked. Returns the first problem :func:`check_layer` finds, or None."""
+    problem = _replace(module, _coded_layers(module)) if gguf_weights else None
+    if not problem and bf16_weights:
+        problem = _replace(module, _bf16_layers(module))
+    if not problem and pack:
+        problem = _replace(module, [(parent, name, layer, PackedLinear.from_layer(layer))
+                                    for parent, name, layer in _linear_layers(module)
+                                    if not isinstance(layer, FAST_LAYERS)])
+    return problem
+
+
+@torch.no_grad()
+def fast_layers(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of any module (a draft head, an LM head) sharing its weights, its linear layers on the
+    kernels :func:`prepare` would choose; ``module`` itself, with a one-line
+    :class:`FastPathWarning`, where they do not apply. For the parts a drafter adds to a fast target."""
+    if isinstance(module, torch.nn.Linear):  # a bare layer: swapped as the only child of a holder
+        return fast_layers(torch.nn.Sequential(module))[0]
+    ok, reason = available(module)
+    problem = None
+    if ok:
+        fast_module = _copy_sharing_weights(module)
+        problem = _swap_linear_layers(fast_module)
+        if not problem:
+            return fast_module
+    warnings.warn(f"specdec_ref.fast: {problem or reason}; using the eager layers", FastPathWarning, stacklevel=2)
+    return module
+
+
 @torch.no_grad()
 def prepare(model: torch.nn.Module, only_if_faster: bool = False, compile: bool = False,
-            bf16_weights: bool = True) -> torch.nn.Module:
+            bf16_weights: bool = True, gguf_weights: bool = True) -> torch.nn.Module:
     """The fast version of ``model``: a copy sharing its weights, its linear layers on faster kernels.
 
-    With ``bf16_weights=True`` (the default), every linear layer whose fp32 weight holds
-    bfloat16 values (the course zoo's) reads a bfloat16 copy (:mod:`specdec_ref.bf16_weights`):
-    the same arithmetic on half the bytes. The other layers are prepacked for oneDNN.
+    With ``gguf_weights=True`` (the default), every linear layer whose fp32 weight is exactly a
+    GGUF Q4_1 or Q8_0 block code (``zoo:smollm2``'s, de-quantised from its GGUF file) reads
+    that code (:mod:`specdec_ref.gguf_weights`): the same arithmetic on about a fifth of the
+    bytes. With ``bf16_weights=True`` (the default), every other linear layer whose fp32 weight
+    holds bfloat16 values (the course zoo's) reads a bfloat16 copy
+    (:mod:`specdec_ref.bf16_weights`): the same arithmetic on half the bytes. The other layers
+    are prepacked for oneDNN.
     :func:`specdec_ref.kv_cache.new_cache` gives the copy preallocated caches.
 
     The original model is left as it was (both can be used side by side; each replaced layer
@@ -456,11 +511,7 @@ def prepare(model: torch.nn.Module, only_if_faster: bool = False, compile: bool 
         warnings.warn(f"specdec_ref.fast: {reason}; using the eager model", FastPathWarning, stacklevel=2)
         return model
     fast_model = _copy_sharing_weights(model)
-    halved = _bf16_layers(fast_model) if bf16_weights else []
-    problem = _replace(fast_model, halved, lambda layer: bf16.Bf16WeightLinear(layer.weight, layer.bias))
-    if not problem and not compile:
-        rest = [entry for entry in _linear_layers(fast_model) if not isinstance(entry[2], FAST_LAYERS)]
-        problem = _replace(fast_model, rest, PackedLinear.from_layer)
+    problem = _swap_linear_layers(fast_model, bf16_weights, gguf_weights, pack=not compile)
     if problem:
         warnings.warn(f"specdec_ref.fast: {problem} (torch {TORCH_VERSION}); using the eager model",
                       FastPathWarning, stacklevel=2)

@@ -1,0 +1,130 @@
+// y = x @ w.T where every 32 weights of a row are a GGUF block code, read as that code, every
+// product and sum in fp32: the operator specdec::gguf_weights_linear(x, packed, weight, bits).
+//
+// Q4_1 (bits = 4): w = d * q + m, q a 4-bit unsigned code; Q8_0 (bits = 8): w = d * q, q a signed
+// byte; d and m are float16 values, one pair per 32 weights. d * q is exact in fp32 (11 + 8
+// significant bits at most), so fma(d, q, m) is the fp32 weight the de-quantised model holds, bit
+// for bit (gguf_weights.py checks every layer before using it): the products are the fp32
+// model's products and the sums fp32 sums in another order, from 5 or 9 bits per weight instead
+// of 32 (6 or 10 here: d and m are kept as fp32).
+//
+// Layout (gguf_weights.py packs it): rows in blocks of ROWS; a block is one sequential stream of
+// groups of 32 columns, each group its ROWS rows' (d, m) as floats, then for each of its two
+// tiles of 16 columns the ROWS rows' codes (8 bytes a row at 4 bits: byte j holds column j in its
+// low half and column j + 8 in its high half; 16 bytes at 8 bits). Passes of more than MAX_ROWS
+// rows (a prefill) use PyTorch's kernel on the fp32 weight instead.
+//
+// AVX2 with FMA on every CPU, AVX-512 ones too: the decode is the cost here, not the bytes, and
+// one variant is one code to check.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <vector>
+
+constexpr int ROWS = 4;
+constexpr int GROUP = 32;
+constexpr int64_t MAX_ROWS = 8;
+constexpr int64_t PREFETCH = 1536;  // bytes ahead in the stream
+// Sums kept in registers per sweep: 16 registers less d, m, two decoded weight vectors, an input.
+constexpr int ACCUMULATORS = 11;
+
+constexpr int code_bytes(int bits) { return ROWS * GROUP * bits / 8; }
+constexpr int group_bytes(int bits) { return ROWS * 2 * sizeof(float) + code_bytes(bits); }
+constexpr int rows_per_sweep(int im) { return ROWS * im <= ACCUMULATORS ? ROWS : 2 * im <= ACCUMULATORS ? 2 : 1; }
+
+// The 16 codes of one row of one tile as two vectors of 8 floats (columns 0-7, 8-15).
+template <int BITS>
+static inline void decode(const uint8_t *codes, __m256 &low, __m256 &high) {
+    if constexpr (BITS == 4) {
+        const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(codes)));
+        low = _mm256_cvtepi32_ps(_mm256_and_si256(bytes, _mm256_set1_epi32(15)));
+        high = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
+    } else {
+        low = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(codes))));
+        high = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(codes + 8))));
+    }
+}
+
+static inline float sum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// IM (1 to MAX_ROWS) input rows against one block of ROWS weight rows. Each sum sees its
+// products in the same order whatever IM is, so a row's output does not depend on how many
+// rows share the pass: a verification pass gives each position what a one-token step would.
+template <int BITS, int IM>
+static void block_kernel(const float *x, const uint8_t *block, float *y, int64_t n, int64_t k) {
+    constexpr int R = rows_per_sweep(IM);
+    constexpr int ROW_BYTES = GROUP / 2 * BITS / 8;  // one row's codes in one tile
+    for (int r0 = 0; r0 < ROWS; r0 += R) {
+        __m256 acc[R][IM];
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < IM; i++) acc[r][i] = _mm256_setzero_ps();
+        for (int64_t g = 0; g < k / GROUP; g++) {
+            const uint8_t *group = block + g * group_bytes(BITS);
+            for (int line = 0; line < group_bytes(BITS); line += 64)
+                _mm_prefetch(reinterpret_cast<const char *>(group + PREFETCH + line), _MM_HINT_T0);
+            const float *scales = reinterpret_cast<const float *>(group);
+            const uint8_t *codes = group + ROWS * 2 * sizeof(float);
+            for (int tile = 0; tile < 2; tile++) {
+                const int64_t column = g * GROUP + tile * GROUP / 2;
+                for (int r = 0; r < R; r++) {
+                    const __m256 d = _mm256_broadcast_ss(scales + 2 * (r0 + r));
+                    const __m256 m = _mm256_broadcast_ss(scales + 2 * (r0 + r) + 1);
+                    __m256 low, high;
+                    decode<BITS>(codes + (tile * ROWS + r0 + r) * ROW_BYTES, low, high);
+                    low = _mm256_fmadd_ps(d, low, m);
+                    high = _mm256_fmadd_ps(d, high, m);
+                    for (int i = 0; i < IM; i++) {
+                        acc[r][i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * k + column), low, acc[r][i]);
+                        acc[r][i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * k + column + 8), high, acc[r][i]);
+                    }
+                }
+            }
+        }
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < IM; i++) y[i * n + r0 + r] = sum(acc[r][i]);
+    }
+}
+
+using BlockKernel = void (*)(const float *, const uint8_t *, float *, int64_t, int64_t);
+template <int BITS>
+static constexpr BlockKernel KERNELS[MAX_ROWS + 1] = {
+    nullptr, block_kernel<BITS, 1>, block_kernel<BITS, 2>, block_kernel<BITS, 3>, block_kernel<BITS, 4>,
+    block_kernel<BITS, 5>, block_kernel<BITS, 6>, block_kernel<BITS, 7>, block_kernel<BITS, 8>};
+
+static at::Tensor gguf_weights_linear(const at::Tensor &x, const at::Tensor &packed, const at::Tensor &weight,
+                                      int64_t bits) {
+    const int64_t k = x.size(-1), n = weight.size(0), m = x.numel() / k;
+    if (m > MAX_ROWS || m == 0) return at::linear(x, weight);
+    TORCH_CHECK(bits == 4 || bits == 8, "gguf_weights_linear: codes of 4 or 8 bits");
+    TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat && weight.size(1) == k,
+                "gguf_weights_linear: float32 input and weight with matching widths");
+    const int64_t stream = n / ROWS * k / GROUP * (bits == 4 ? group_bytes(4) : group_bytes(8));
+    TORCH_CHECK(k % GROUP == 0 && n % ROWS == 0 && packed.scalar_type() == at::kByte && packed.numel() == stream,
+                "gguf_weights_linear: a packed weight of a shape the kernel covers (gguf_weights.fits)");
+    const at::Tensor rows = x.contiguous();
+    std::vector<int64_t> sizes = x.sizes().vec();
+    sizes.back() = n;
+    at::Tensor out = at::empty(sizes, x.options());
+    const float *xs = rows.data_ptr<float>();
+    const uint8_t *w = packed.data_ptr<uint8_t>();
+    float *y = out.data_ptr<float>();
+    const BlockKernel kernel = bits == 4 ? KERNELS<4>[m] : KERNELS<8>[m];
+    const int64_t block_bytes = stream / (n / ROWS);
+    // torch's own threads (torch.set_num_threads), each a contiguous range of blocks.
+    at::parallel_for(0, n / ROWS, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t b = begin; b < end; b++) kernel(xs, w + b * block_bytes, y + b * ROWS, n, k);
+    });
+    return out;
+}
+
+TORCH_LIBRARY_FRAGMENT(specdec, library) {
+    library.def("gguf_weights_linear(Tensor x, Tensor packed, Tensor weight, int bits) -> Tensor");
+    library.impl("gguf_weights_linear", c10::DispatchKey::CPU, TORCH_FN(gguf_weights_linear));
+}

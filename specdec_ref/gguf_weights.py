@@ -1,0 +1,137 @@
+"""A fifth of the weight bytes, the same arithmetic: linear layers whose weights are a GGUF block code.
+
+``zoo:smollm2`` comes from a GGUF file: its linear weights are Q4_1 (each 32 weights of a row
+stored as 4-bit codes q with a float16 scale d and offset m: w = d * q + m) and its embedding,
+tied to the LM head, is Q8_0 (8-bit signed codes, w = d * q). The loader de-quantises them to
+float32, so a decode step streams 32 bits per weight that hold 5 (or 9) bits of information.
+
+``d * q`` is exact in float32, so ``fma(d, q, m)`` in a register rebuilds the very float32
+weight the de-quantised model holds: a kernel that streams the codes and decodes them computes
+the fp32 model's products, summed in another order, from about a fifth of the bytes.
+:func:`block_code` recovers a layer's codes from its float32 weight and keeps them only if every
+weight is rebuilt bit for bit; ``gguf_weights.cpp`` is the kernel (AVX2 with FMA, on torch's
+threads), built like :mod:`specdec_ref.bf16_weights`'s into the course cache folder. It serves
+passes of up to :data:`MAX_ROWS` tokens (decode steps, verifications), each token's output the
+same whatever the pass's length; longer passes (a prefill) use PyTorch's kernel on the fp32
+weight, which the layer keeps. :func:`specdec_ref.fast.prepare` uses it wherever it applies.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from .bf16_weights import build_operator
+
+SOURCE = Path(__file__).with_name("gguf_weights.cpp")
+ROWS = 4  # weight rows per packed block (ROWS in the C++ source)
+GROUP = 32  # weights per code block along a row, as in GGUF's Q4_1 and Q8_0
+MAX_ROWS = 8  # longest pass the kernel serves (MAX_ROWS in the C++ source)
+CODES = {4: "Q4_1", 8: "Q8_0"}  # code width in bits -> the GGUF type it matches
+
+
+@cache
+def available() -> tuple[bool, str]:
+    """Whether the kernel can run here (building it on first use): ``(ok, reason)``, the reason one line."""
+    return build_operator(SOURCE, ("gguf_weights_linear",), "GGUF-code kernel", isa="AVX2")
+
+
+def fits(out_features: int, in_features: int) -> bool:
+    """Whether the kernel's blocking covers a weight of this shape."""
+    return out_features % ROWS == 0 and in_features % GROUP == 0
+
+
+@dataclass(frozen=True)
+class BlockCode:
+    """A weight as codes: ``weight[r, 32g + j] == scale[r, g] * codes[r, 32g + j] + offset[r, g]``."""
+
+    bits: int  # 4 (Q4_1: unsigned codes 0-15, with an offset) or 8 (Q8_0: signed codes, offset 0)
+    codes: torch.Tensor  # [out, in] int16
+    scale: torch.Tensor  # [out, in / 32] float32, float16 values
+    offset: torch.Tensor  # [out, in / 32] float32, float16 values
+
+
+def _rebuilds(groups: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, codes: torch.Tensor) -> bool:
+    # scale * code is exact in float32, so adding the offset rounds once, as the kernel's fma does.
+    return bool(torch.equal(scale[..., None] * codes + offset[..., None], groups))
+
+
+@torch.no_grad()
+def block_code(weight: torch.Tensor) -> BlockCode | None:
+    """The Q4_1 or Q8_0 code of a float32 ``[out, in]`` weight, or None where no code rebuilds
+    every weight exactly (a weight that was never quantised, or another format)."""
+    if weight.dtype != torch.float32 or weight.dim() != 2 or not fits(*weight.shape):
+        return None
+    out_features, in_features = weight.shape
+    groups = weight.reshape(out_features, in_features // GROUP, GROUP)
+    if not bool(torch.isfinite(groups).all()):
+        return None
+    low, high = groups.amin(-1), groups.amax(-1)
+    # Q4_1 quantises a group's minimum to code 0 and its maximum to 15, so they give m and d.
+    scale = ((high - low) / 15).half().float()
+    codes = torch.where(scale[..., None] > 0, (groups - low[..., None]) / scale[..., None], 0).round().clamp(0, 15)
+    if bool(torch.isfinite(scale).all()) and _rebuilds(groups, scale, low, codes):
+        return BlockCode(4, codes.short().reshape(weight.shape), scale, low)
+    # Q8_0 codes the group's largest magnitude as +-127.
+    scale = (groups.abs().amax(-1) / 127).half().float()
+    codes = torch.where(scale[..., None] > 0, groups / scale[..., None], 0).round().clamp(-127, 127)
+    zero = torch.zeros_like(scale)
+    if bool(torch.isfinite(scale).all()) and _rebuilds(groups, scale, zero, codes):
+        return BlockCode(8, codes.short().reshape(weight.shape), scale, zero)
+    return None
+
+
+def pack(code: BlockCode) -> torch.Tensor:
+    """``code`` in the kernel's layout, one uint8 stream: blocks of ROWS rows; each block, group by
+    group of 32 columns, its rows' (scale, offset) as float32, then per tile of 16 columns its
+    rows' codes (at 4 bits, byte j holds column j in its low half and column j + 8 in its high half)."""
+    out_features, in_features = code.codes.shape
+    blocks, groups = out_features // ROWS, in_features // GROUP
+    scales = torch.stack([code.scale, code.offset], -1).reshape(blocks, ROWS, groups, 2).transpose(1, 2)
+    scale_bytes = scales.contiguous().view(torch.uint8).reshape(blocks, groups, -1)
+    tiles = code.codes.reshape(blocks, ROWS, groups, 2, GROUP // 2)
+    if code.bits == 4:
+        tiles = tiles[..., :8] | (tiles[..., 8:] << 4)
+    code_bytes = tiles.to(torch.int8 if code.bits == 8 else torch.uint8).permute(0, 2, 3, 1, 4).contiguous()
+    code_bytes = code_bytes.view(torch.uint8).reshape(blocks, groups, -1)
+    return torch.cat([scale_bytes, code_bytes], -1).reshape(-1)
+
+
+def packed_bytes(code: BlockCode) -> int:
+    """Bytes a pass streams for this weight: the codes and, per 32 weights, two float32."""
+    out_features, in_features = code.codes.shape
+    return out_features * in_features * code.bits // 8 + out_features * (in_features // GROUP) * 8
+
+
+class GgufWeightLinear(torch.nn.Module):
+    """A linear layer whose fp32 weight is a GGUF block code, read as that code (inference only).
+
+    ``weight`` and ``bias`` stay the original parameters (shared, not copied), so parameter
+    counts, ``state_dict`` and tied embeddings see the model as it was; ``packed`` is the coded
+    copy the kernel reads. :meth:`from_layer` returns None where the weight is no such code.
+    """
+
+    def __init__(self, weight: torch.nn.Parameter, bias: torch.nn.Parameter | None, code: BlockCode) -> None:
+        super().__init__()
+        ok, reason = available()
+        if not ok:
+            raise RuntimeError(f"the GGUF-code kernel is not available: {reason}")
+        self.weight, self.bias, self.bits = weight, bias, code.bits
+        self.out_features, self.in_features = weight.shape
+        self.streamed_bytes = packed_bytes(code)
+        self.register_buffer("packed", pack(code), persistent=False)
+
+    @classmethod
+    def from_layer(cls, layer: torch.nn.Linear) -> GgufWeightLinear | None:
+        code = block_code(layer.weight.detach())
+        return None if code is None else cls(layer.weight, layer.bias, code)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.ops.specdec.gguf_weights_linear(x, self.packed, self.weight, self.bits)
+        return out if self.bias is None else out + self.bias
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"code={CODES[self.bits]}")

@@ -1,0 +1,175 @@
+"""specdec_ref.gguf_weights: codes recovered exactly or not at all, the layout, the kernel against
+PyTorch's, and zoo:smollm2 (de-quantised from Q4_1 and Q8_0) on it, with its EAGLE head.
+
+Speed is measured by ``python -m specdec_ref bench --fast``, never asserted here.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from factories import build
+from specdec_ref import autoregressive_generate, bf16_weights, fast, gguf_weights, speculative_generate, zoo
+from specdec_ref.eagle import EagleDrafter
+from specdec_ref.roofline import weight_bytes
+from test_bf16_weights import rounding_bound
+
+VECTOR_UNITS = bf16_weights.has_vector_units(bf16_weights._cpu_flags())
+needs_kernel = pytest.mark.skipif(not VECTOR_UNITS, reason="the kernel is AVX2 code; this CPU has no AVX2 with FMA")
+
+
+def coded(bits: int, out_features: int, in_features: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A float32 weight de-quantised as gguf does it ((d * q) + m with float16 d and m), and its codes."""
+    generator = torch.Generator().manual_seed(seed)
+    groups = (out_features, in_features // 32)
+    scale = (torch.rand(groups, generator=generator) * 0.01 + 1e-4).half().float()
+    if bits == 4:
+        codes = torch.randint(0, 16, (out_features, in_features), generator=generator)
+        codes.view(*groups, 32)[..., 0], codes.view(*groups, 32)[..., 1] = 0, 15  # quantising puts min at 0, max at 15
+        offset = (torch.randn(groups, generator=generator) * 0.05).half().float()
+    else:
+        codes = torch.randint(-127, 128, (out_features, in_features), generator=generator)
+        codes.view(*groups, 32)[..., 0] = 127  # the largest magnitude is coded as 127
+        offset = torch.zeros(groups)
+    weight = scale.repeat_interleave(32, 1) * codes.float() + offset.repeat_interleave(32, 1)
+    return weight, codes
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_block_code_recovers_the_code_a_weight_was_dequantised_from(bits):
+    weight, codes = coded(bits, 8, 64)
+    code = gguf_weights.block_code(weight)
+    assert code is not None and code.bits == bits
+    assert torch.equal(code.codes.long(), codes)
+    rebuilt = code.scale.repeat_interleave(32, 1) * code.codes.float() + code.offset.repeat_interleave(32, 1)
+    assert torch.equal(rebuilt, weight)
+
+
+def test_block_code_refuses_what_no_code_rebuilds_exactly():
+    generator = torch.Generator().manual_seed(0)
+    assert gguf_weights.block_code(torch.randn(8, 64, generator=generator)) is None
+    assert gguf_weights.block_code(torch.randn(8, 64, generator=generator).to(torch.bfloat16).float()) is None
+    weight, _ = coded(4, 8, 64)
+    nudged = weight.clone()
+    nudged[3, 17] = torch.nextafter(nudged[3, 17], torch.tensor(1.0))  # one weight off by one ulp
+    assert gguf_weights.block_code(nudged) is None
+    assert gguf_weights.block_code(weight.double()) is None
+    assert gguf_weights.block_code(weight[:, :48]) is None and gguf_weights.block_code(weight[:6]) is None
+    broken = weight.clone()
+    broken[0, 0] = float("nan")
+    assert gguf_weights.block_code(broken) is None
+
+
+def test_pack_layout():
+    """Block b, group g: its 4 rows' (scale, offset) floats, then per tile t of 16 columns the
+    rows' codes; at 4 bits byte j of row r holds columns 16t + j (low half) and 16t + j + 8."""
+    weight, codes = coded(4, 8, 64)
+    code = gguf_weights.block_code(weight)
+    packed = gguf_weights.pack(code)
+    group_bytes = 32 + 64
+    assert packed.dtype == torch.uint8 and packed.numel() == gguf_weights.packed_bytes(code) == 2 * 2 * group_bytes
+    for b in range(2):
+        for g in range(2):
+            start = (b * 2 + g) * group_bytes
+            scales = packed[start:start + 32].view(torch.float32).view(4, 2)
+            assert torch.equal(scales[:, 0], code.scale[4 * b:4 * b + 4, g])
+            assert torch.equal(scales[:, 1], code.offset[4 * b:4 * b + 4, g])
+            for t in range(2):
+                for r in range(4):
+                    row = packed[start + 32 + (t * 4 + r) * 8:][:8].long()
+                    columns = codes[4 * b + r, 32 * g + 16 * t:][:16]
+                    assert torch.equal(row & 15, columns[:8]) and torch.equal(row >> 4, columns[8:])
+    weight8, codes8 = coded(8, 4, 32)
+    packed8 = gguf_weights.pack(gguf_weights.block_code(weight8))
+    assert torch.equal(packed8[32 + 16:32 + 32].view(torch.int8).long(), codes8[1, :16])  # tile 0, row 1
+
+
+KERNEL_CASES = [(4, 4, 32), (4, 64, 96), (4, 1536, 576), (4, 576, 1536), (8, 4, 32), (8, 1024, 576)]
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits, out_features, in_features", KERNEL_CASES)
+def test_kernel_matches_fp32_linear_and_each_token_is_computed_as_alone(bits, out_features, in_features):
+    """Every row count the kernel serves, and longer passes (PyTorch's kernel): within fp32
+    rounding of PyTorch's linear; and row i of a pass bit for bit what a one-row pass gives it."""
+    assert gguf_weights.available()[0]
+    weight, _ = coded(bits, out_features, in_features)
+    layer = gguf_weights.GgufWeightLinear.from_layer(torch.nn.Linear(in_features, out_features, bias=False))
+    assert layer is None  # random fp32 weights are no code
+    linear = torch.nn.Linear(in_features, out_features, bias=False)
+    linear.weight.data = weight
+    layer = gguf_weights.GgufWeightLinear.from_layer(linear)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for rows in (*range(1, gguf_weights.MAX_ROWS + 1), gguf_weights.MAX_ROWS + 1, 40):
+            x = torch.randn(1, rows, in_features, generator=generator)
+            got, want = layer(x), linear(x)
+            assert got.shape == want.shape == (1, rows, out_features)
+            assert bool(((got - want).abs() <= rounding_bound(x, weight)).all()), rows
+            if rows <= gguf_weights.MAX_ROWS:
+                alone = torch.cat([layer(x[:, i:i + 1]) for i in range(rows)], 1)
+                assert torch.equal(got, alone), rows
+
+
+@needs_kernel
+def test_a_layer_keeps_its_parameters_and_adds_its_bias():
+    weight, _ = coded(4, 64, 96)
+    linear = torch.nn.Linear(96, 64)
+    linear.weight.data = weight
+    layer = gguf_weights.GgufWeightLinear.from_layer(linear)
+    x = torch.randn(2, 3, 96, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.allclose(layer(x), linear(x), atol=1e-5)
+    assert layer.weight is linear.weight and layer.bias is linear.bias and "packed" not in layer.state_dict()
+    assert "code=Q4_1" in repr(layer)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    target, tokenizer = zoo.load("zoo:smollm2")
+    return target, tokenizer, fast.prepare(target)
+
+
+@needs_kernel
+def test_prepare_reads_smollm2_as_its_gguf_codes(smollm2):
+    target, _, quick = smollm2
+    assert fast.path_name(quick) == ("Q4_1-coded weights (210 of 211 linear layers) + "
+                                     "Q8_0-coded weights (1 of 211 linear layers)")
+    layers = [m for m in quick.modules() if isinstance(m, gguf_weights.GgufWeightLinear)]
+    assert all(a is b for a, b in zip(quick.parameters(), target.parameters()))
+    fp32_bytes = sum(m.weight.numel() * 4 for m in layers)
+    assert all(m.packed.numel() == m.streamed_bytes for m in layers)
+    assert fast.streamed_weight_bytes(quick) == weight_bytes(target) - fp32_bytes + sum(m.streamed_bytes for m in layers)
+    assert fast.streamed_weight_bytes(quick) < weight_bytes(target) / 4
+
+
+@needs_kernel
+def test_smollm2_on_its_codes_decodes_as_the_eager_model_and_its_eagle_head_drafts_on_them(smollm2):
+    target, tokenizer, quick = smollm2
+    head, vocab = zoo.load_eagle("zoo:smollm2-eagle")
+    drafter = EagleDrafter(head, target, vocab).for_target(quick)
+    assert isinstance(drafter.lm_head, gguf_weights.GgufWeightLinear) and drafter.lm_head.bits == 8
+    assert fast.path_name(drafter.head) == "bf16-stored weights (8 of 8 linear layers)"  # fc, q k v o, gate up down
+    assert drafter.weight_bytes < EagleDrafter(head, target, vocab).weight_bytes / 2
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "Why is the sea salty?"}],
+                                         tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    expected = autoregressive_generate(target, ids, 32, eos_token_id=[]).sequences
+    assert torch.equal(autoregressive_generate(quick, ids, 32, eos_token_id=[]).sequences, expected)
+    out = speculative_generate(quick, drafter, ids, 32, 3, eos_token_id=[])
+    assert torch.equal(out.sequences, expected) and out.stats.tokens_per_target_pass > 1.2
+
+
+def test_prepare_without_the_kernel_packs_smollm2_instead(monkeypatch, smollm2):
+    target, _, _ = smollm2
+    monkeypatch.setattr(gguf_weights, "available", lambda: (False, "no kernel here"))
+    assert fast.path_name(fast.prepare(target)) == "prepacked oneDNN weights"
+
+
+def test_fast_layers_of_a_module_without_linear_layers_warns_and_returns_it():
+    norm = torch.nn.LayerNorm(8)
+    with pytest.warns(fast.FastPathWarning, match="no torch.nn.Linear"):
+        assert fast.fast_layers(norm) is norm
+    model = build("llama", 64, 2, seed=0)
+    quick = fast.fast_layers(model.model.layers[0])
+    assert fast.is_fast(quick) and not fast.is_fast(model.model.layers[0])
