@@ -2,6 +2,7 @@
 
     python benchmarks/smollm2_drafters.py                      # 4 held-out prompts per kind, k = 2,3,4
     python benchmarks/smollm2_drafters.py --per-kind 2 --k 3 --json out/drafters.json
+    python benchmarks/smollm2_drafters.py --fast               # everything on specdec_ref.fast's kernels
 
 Drafters: the EAGLE head (``zoo:smollm2-eagle``, reads SmolLM2's features; its draft cost c
 is also measured without its draft vocabulary), the distilled 16M draft model
@@ -13,7 +14,9 @@ every other prompt, after one warm-up of each. Reported per kind and k: acceptan
 (accepted / drafted), tokens per target pass (tau), the median of per-prompt speedups over
 the baseline, and whether every output equals the baseline's. For the EAGLE head, also the
 acceptance rate by draft position and the cost model's prediction from the measured a, c
-and v(k) (``specdec_ref.costs``), set beside the measured speedup.
+and v(k) (``specdec_ref.costs``), set beside the measured speedup. With ``--fast`` the target,
+the distilled draft and the head run on :func:`specdec_ref.fast.prepare`'s kernels (SmolLM2 on its
+GGUF codes), and the baseline is that fast SmolLM2.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from specdec_ref import GenerationStats, PromptLookupDrafter, roofline
+from specdec_ref import GenerationStats, PromptLookupDrafter, fast, roofline
 from specdec_ref.bench import compare_drafters
 from specdec_ref.costs import measure_costs
 from specdec_ref.eagle import EagleDrafter
@@ -48,12 +51,14 @@ def main() -> None:
     parser.add_argument("--k", default="2,3,4", help="comma-separated draft lengths")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt")
     parser.add_argument("--json", help="write every figure to this path")
+    parser.add_argument("--fast", action="store_true", help="target and drafts on specdec_ref.fast's kernels")
     args = parser.parse_args()
     ks = [int(k) for k in args.k.split(",")]
 
-    target, tokenizer = load("zoo:smollm2")
+    target, tokenizer = load("zoo:smollm2", fast=args.fast)
     head, vocab = load_eagle("zoo:smollm2-eagle")
-    draft, _ = load("zoo:smollm2-draft")
+    draft, _ = load("zoo:smollm2-draft", fast=args.fast)
+    print(f"SmolLM2 on {fast.path_name(target)}")
     drafters = {"eagle": EagleDrafter(head, target, vocab), "distilled": draft, "prompt lookup": PromptLookupDrafter()}
     kinds, texts = zip(*interleave(heldout_prompts(tokenizer, per_kind=args.per_kind)))
     encoded = [tokenizer(t, return_tensors="pt").input_ids for t in texts]
@@ -69,6 +74,7 @@ def main() -> None:
     costs = {name: measure_costs(target, None if name == "prompt lookup" else d, context, ks)
              for name, d in drafters.items()}
     result = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "max_new_tokens": n,
+              "target_path": fast.path_name(target), "draft_path": fast.path_name(draft),
               "per_kind": args.per_kind, "ks": ks, "kinds": {}, "costs": {}}
     # the draft vocabulary's saving: the same head drafting over all 49,152 rows of the LM head
     full = measure_costs(target, EagleDrafter(head, target), context, ks[:1])

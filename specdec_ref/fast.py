@@ -1,4 +1,4 @@
-"""An opt-in fast CPU path: the same model reading half the weight bytes, on prepacked weights, or compiled.
+"""An opt-in fast CPU path: the same model reading a fifth or half the weight bytes, on prepacked weights, or compiled.
 
 Decoding one token at batch 1 reads every weight once, so its speed limit is weight bytes /
 memory bandwidth (``specdec_ref.roofline``). PyTorch's default fp32 CPU kernel for a
@@ -17,6 +17,12 @@ registers: the same numbers and fp32 arithmetic, half the bytes, so half the roo
 :func:`prepare` uses it for every layer it can (``bf16_weights=True``, the default) and
 prepacks the rest; :func:`streamed_weight_bytes` counts what a step then reads.
 
+Where a model was de-quantised from a GGUF file (``zoo:smollm2``: Q4_1 linear layers, a Q8_0
+LM head), its fp32 weights hold 5 or 9 bits of information each. :mod:`specdec_ref.gguf_weights`
+recovers the codes, keeps a layer only where they rebuild every weight bit for bit, and decodes
+them in registers: the same fp32 weights and arithmetic from about a fifth of the bytes
+(``gguf_weights=True``, the default; tried before bf16).
+
 A fast model's loops also get preallocated KV caches (:func:`kv_cache_capacity` positions,
 :class:`~specdec_ref.kv_cache.PreallocatedLayer`): a ``DynamicCache`` copies the whole cache
 at every step to append one token, these write only the new positions, and a rollback
@@ -32,9 +38,10 @@ The eager model stays the default and the one the lessons step through; this mod
 the switch, and the measuring tools lesson 2 uses to show why it helps:
 
 - :func:`available` ``(model=None) -> (bool, reason)``: whether the fast path applies here.
-- :func:`prepare` ``(model, only_if_faster=False, compile=False, bf16_weights=True) -> model``:
+- :func:`prepare` ``(model, only_if_faster=False, compile=False, bf16_weights=True, gguf_weights=True) -> model``:
   a copy that shares the weights, every ``nn.Linear`` (and GPT-2 ``Conv1D``) replaced by a
-  :class:`~specdec_ref.bf16.Bf16WeightLinear` where its weights are bf16-exact, else
+  :class:`~specdec_ref.gguf_weights.GgufWeightLinear` where its weights are a GGUF block code,
+  a :class:`~specdec_ref.bf16_weights.Bf16WeightLinear` where they are bf16-exact, else
   by a :class:`PackedLinear`; each replaced layer is checked against the eager one first. Where the path does not apply
   (GPU, another dtype, no linear layers, an untested torch whose private ops moved), or with
   ``only_if_faster`` where a timed decode step is not faster packed, it warns once, in one
@@ -44,7 +51,9 @@ the switch, and the measuring tools lesson 2 uses to show why it helps:
 - ``prepare(model, compile=True)``: bf16-stored layers where they apply, the rest on the default
   kernel, and the forward compiled by ``torch.compile`` (dynamic shapes);
   :func:`compile_available` says whether it can be here, :func:`is_compiled` whether a model was.
-- :func:`is_fast` ``(model) -> bool``: whether a model runs on packed or bf16-stored weights;
+- :func:`fast_layers` ``(module) -> module``: the same swap for any module (an EAGLE head and
+  its LM head rows, when they draft for a fast target).
+- :func:`is_fast` ``(model) -> bool``: whether a model runs on packed, coded or bf16-stored weights;
   :func:`path_name` ``(model) -> str`` says which, for reports.
 - :func:`streamed_weight_bytes` ``(model) -> float``: the weight bytes one decode step reads.
 - :func:`kv_cache_capacity` ``(model) -> int``: the positions a fast model's caches preallocate.
