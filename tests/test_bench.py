@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from factories import build, noisy_copy
-from specdec_ref import bench
+from specdec_ref import bench, bf16_weights
 
 PROMPTS = ["def decode(self, s):\n    ", "class JSONDecoder(object):\n", "    return  x + 123  # naïve\n"]
 
@@ -105,6 +105,8 @@ def test_demo_runs_on_the_shipped_zoo(tmp_path):
                  "fast outputs identical to the eager greedy decoding: yes"):
         assert line in result.stdout, line
     assert (tmp_path / "demo.png").read_bytes()[:4] == b"\x89PNG"
+    if bf16_weights.has_vector_units(bf16_weights._cpu_flags()):  # the showcase runs SmolLM2 on its GGUF codes
+        assert "k=2, greedy, on Q4_1-coded weights (210 of 211 linear layers)" in result.stdout
 
 
 @pytest.mark.slow
