@@ -3,6 +3,7 @@
     python benchmarks/smollm2_drafters.py                      # 4 held-out prompts per kind, k = 2,3,4
     python benchmarks/smollm2_drafters.py --per-kind 2 --k 3 --json out/drafters.json
     python benchmarks/smollm2_drafters.py --fast               # everything on specdec_ref.fast's kernels
+    python benchmarks/smollm2_drafters.py --fast --k 2,4 --eagle-min-confidence 0.5   # also the head, stopping early
 
 Drafters: the EAGLE head (``zoo:smollm2-eagle``, reads SmolLM2's features; its draft cost c
 is also measured without its draft vocabulary), the distilled 16M draft model
@@ -16,7 +17,8 @@ the baseline, and whether every output equals the baseline's. For the EAGLE head
 acceptance rate by draft position and the cost model's prediction from the measured a, c
 and v(k) (``specdec_ref.costs``), set beside the measured speedup. With ``--fast`` the target,
 the distilled draft and the head run on :func:`specdec_ref.fast.prepare`'s kernels (SmolLM2 on its
-GGUF codes), and the baseline is that fast SmolLM2.
+GGUF codes), and the baseline is that fast SmolLM2. ``--eagle-min-confidence P`` adds the head
+once more, ending each draft after a token it gives less than probability P (at most k drafts).
 """
 from __future__ import annotations
 
@@ -52,6 +54,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt")
     parser.add_argument("--json", help="write every figure to this path")
     parser.add_argument("--fast", action="store_true", help="target and drafts on specdec_ref.fast's kernels")
+    parser.add_argument("--eagle-min-confidence", type=float,
+                        help="also run the head ending a draft below this probability (dynamic draft length)")
     args = parser.parse_args()
     ks = [int(k) for k in args.k.split(",")]
 
@@ -60,6 +64,9 @@ def main() -> None:
     draft, _ = load("zoo:smollm2-draft", fast=args.fast)
     print(f"SmolLM2 on {fast.path_name(target)}")
     drafters = {"eagle": EagleDrafter(head, target, vocab), "distilled": draft, "prompt lookup": PromptLookupDrafter()}
+    if args.eagle_min_confidence is not None:
+        dynamic = f"eagle, p >= {args.eagle_min_confidence:g}"
+        drafters[dynamic] = EagleDrafter(head, target, vocab, min_confidence=args.eagle_min_confidence)
     kinds, texts = zip(*interleave(heldout_prompts(tokenizer, per_kind=args.per_kind)))
     encoded = [tokenizer(t, return_tensors="pt").input_ids for t in texts]
     n = args.max_new_tokens
@@ -111,7 +118,7 @@ def main() -> None:
         print(f"\n{kind} ({len(rows)} prompts): baseline {entry['baseline_tokens_per_second']:.1f} tokens/s")
         for method in methods[1:]:
             f = entry[f"{method[0]} k={method[1]}"]
-            print(f"  {method[0]:13s} k={method[1]}: acceptance {f['acceptance_rate']:.3f}, tau {f['tau']:.2f}, "
+            print(f"  {method[0]:16s} k={method[1]}: acceptance {f['acceptance_rate']:.3f}, tau {f['tau']:.2f}, "
                   f"speedup {f['speedup']:.2f}x (predicted {f['predicted']:.2f}x from a = "
                   f"{f['acceptance_probability']:.3f}; {f['predicted_from_tau']:.2f}x from tau), "
                   f"identical {f['identical']}; by position " + " ".join(f"{p:.2f}" for p in f["by_position"]))
