@@ -99,12 +99,6 @@ def pack(code: BlockCode) -> torch.Tensor:
     return torch.cat([scale_bytes, code_bytes], -1).reshape(-1)
 
 
-def packed_bytes(code: BlockCode) -> int:
-    """Bytes a pass streams for this weight: the codes and, per 32 weights, two float32."""
-    out_features, in_features = code.codes.shape
-    return out_features * in_features * code.bits // 8 + out_features * (in_features // GROUP) * 8
-
-
 class GgufWeightLinear(torch.nn.Module):
     """A linear layer whose fp32 weight is a GGUF block code, read as that code (inference only).
 
@@ -120,7 +114,6 @@ class GgufWeightLinear(torch.nn.Module):
             raise RuntimeError(f"the GGUF-code kernel is not available: {reason}")
         self.weight, self.bias, self.bits = weight, bias, code.bits
         self.out_features, self.in_features = weight.shape
-        self.streamed_bytes = packed_bytes(code)
         self.register_buffer("packed", pack(code), persistent=False)
 
     @classmethod

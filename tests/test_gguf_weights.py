@@ -67,7 +67,7 @@ def test_pack_layout():
     code = gguf_weights.block_code(weight)
     packed = gguf_weights.pack(code)
     group_bytes = 32 + 64
-    assert packed.dtype == torch.uint8 and packed.numel() == gguf_weights.packed_bytes(code) == 2 * 2 * group_bytes
+    assert packed.dtype == torch.uint8 and packed.numel() == 2 * 2 * group_bytes
     for b in range(2):
         for g in range(2):
             start = (b * 2 + g) * group_bytes
@@ -138,8 +138,9 @@ def test_prepare_reads_smollm2_as_its_gguf_codes(smollm2):
     layers = [m for m in quick.modules() if isinstance(m, gguf_weights.GgufWeightLinear)]
     assert all(a is b for a, b in zip(quick.parameters(), target.parameters()))
     fp32_bytes = sum(m.weight.numel() * 4 for m in layers)
-    assert all(m.packed.numel() == m.streamed_bytes for m in layers)
-    assert fast.streamed_weight_bytes(quick) == weight_bytes(target) - fp32_bytes + sum(m.streamed_bytes for m in layers)
+    # per 32 weights: the codes (4 or 8 bits each) and two float32 (scale, offset)
+    assert all(m.packed.numel() == m.weight.numel() * (m.bits + 2) // 8 for m in layers)
+    assert fast.streamed_weight_bytes(quick) == weight_bytes(target) - fp32_bytes + sum(m.packed.numel() for m in layers)
     assert fast.streamed_weight_bytes(quick) < weight_bytes(target) / 4
 
 
