@@ -34,8 +34,8 @@ ROWS = 4  # weight rows per packed block (ROWS in the C source)
 COLUMNS = 16  # columns per packed tile: one AVX-512 register of fp32, two AVX2 ones
 MAX_ROWS = 8  # longest pass the kernel serves (MAX_ROWS in the C++ source); prefills read the fp32 weight
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC")  # -fopenmp: at::parallel_for runs on threads only with it
-# SPECDEC_BF16_KERNEL=avx2 builds the AVX2 kernel on a CPU with AVX-512 too: to compare the two,
-# and so that the tests check the AVX2 code on any machine that can run it.
+# SPECDEC_BF16_KERNEL=avx2 builds the AVX2 variant of this kernel and of gguf_weights' on a CPU with
+# AVX-512 too: to compare the two, and so that the tests check the AVX2 code on any machine that can run it.
 KERNEL_VARIANTS = {"native": (), "avx2": ("-mno-avx512f",)}
 
 
@@ -76,11 +76,10 @@ def _output_shape(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, *
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
-def build_operator(source: Path, operators: tuple[str, ...], kernel: str,
-                   isa: str | None = None) -> tuple[bool, str]:
+def build_operator(source: Path, operators: tuple[str, ...], kernel: str) -> tuple[bool, str]:
     """Build ``source`` (once per source, compiler, torch and CPU) into the course cache and load
-    its ``specdec::`` operators: ``(ok, why not)``. ``kernel`` names it in the reason; ``isa`` is
-    the instruction set it uses (None: AVX-512 where the CPU and the variant have it, else AVX2)."""
+    its ``specdec::`` operators: ``(ok, why not)``. ``kernel`` names it in the reason, with
+    the instruction set it was built for (AVX-512 where the CPU and the variant have it, else AVX2)."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return False, f"the kernel is written for x86-64 Linux, not {platform.system()} {platform.machine()}"
     cpu_flags = _cpu_flags()
@@ -110,7 +109,7 @@ def build_operator(source: Path, operators: tuple[str, ...], kernel: str,
     torch.ops.load_library(str(built))
     for name in operators:
         torch.library.register_fake(f"specdec::{name}")(_output_shape)
-    isa = isa or ("AVX-512" if "avx512f" in cpu_flags and not variant else "AVX2")
+    isa = "AVX-512" if "avx512f" in cpu_flags and not variant else "AVX2"
     return True, f"the {kernel} is built ({isa}, {built.name})"
 
 

@@ -23,6 +23,10 @@ recovers the codes, keeps a layer only where they rebuild every weight bit for b
 them in registers: the same fp32 weights and arithmetic from about a fifth of the bytes
 (``gguf_weights=True``, the default; tried before bf16).
 
+A fast model's verification passes also read grouped-query attention heads in place
+(:func:`gqa_sdpa_attention`): ``transformers`` copies every cached key and value once per query
+head that shares it whenever SDPA gets a mask, as it does for several tokens on a cache.
+
 A fast model's loops also get preallocated KV caches (:func:`kv_cache_capacity` positions,
 :class:`~specdec_ref.kv_cache.PreallocatedLayer`): a ``DynamicCache`` copies the whole cache
 at every step to append one token, these write only the new positions, and a rollback
@@ -209,6 +213,41 @@ def check_layer(layer: torch.nn.Module, packed: torch.nn.Module, tokens: int = 3
             return (f"the packed kernel disagrees with the eager linear ({out_features}x{in_features}, "
                     f"{rows} row(s)) beyond fp32 rounding")
     return None
+
+
+GQA_ATTENTION = "specdec_gqa_sdpa"
+
+
+def gqa_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                       is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+    """``transformers``' SDPA attention, with grouped-query heads read in place under a mask too.
+
+    For a pass of several tokens on top of a KV cache (a verification) ``transformers`` gives SDPA
+    a mask, and then, to keep GPU kernels fast, repeats every cached key and value once per query
+    head sharing it (3x for SmolLM2): a copy of the whole cache per layer per pass. PyTorch's CPU
+    kernel reads grouped heads under a mask as they are (``enable_gqa``); the result is the same,
+    bit for bit. A one-token step and a prefill, which have no mask, run as they did.
+    """
+    causal = query.shape[2] > 1 and attention_mask is None and (
+        is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal,
+        enable_gqa=key.shape[1] != query.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _read_grouped_heads_in_place(model: torch.nn.Module) -> None:
+    """Switch a ``transformers`` model that uses SDPA to :func:`gqa_sdpa_attention` (its own config)."""
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", None) != "sdpa":
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(GQA_ATTENTION, gqa_sdpa_attention)
+    AttentionMaskInterface.register(GQA_ATTENTION, sdpa_mask)
+    config._attn_implementation_internal = GQA_ATTENTION
 
 
 def _copy_sharing_weights(model: torch.nn.Module) -> torch.nn.Module:
@@ -527,6 +566,8 @@ def prepare(model: torch.nn.Module, only_if_faster: bool = False, compile: bool 
         return model
     if compile:
         fast_model = _compiled(fast_model)
+    else:
+        _read_grouped_heads_in_place(fast_model)
     setattr(fast_model, CAPACITY_ATTRIBUTE, kv_cache_capacity(fast_model))
     if only_if_faster:
         speedup = decode_step_speedup(model, fast_model)

@@ -14,8 +14,10 @@
 // low half and column j + 8 in its high half; 16 bytes at 8 bits). Passes of more than MAX_ROWS
 // rows (a prefill) use PyTorch's kernel on the fp32 weight instead.
 //
-// AVX2 with FMA on every CPU, AVX-512 ones too: the decode is the cost here, not the bytes, and
-// one variant is one code to check.
+// AVX-512 where the compiler targets it (-march=native on an AVX-512 CPU): a tile of 16 columns is
+// one register, each input vector is loaded once per tile for all of a block's rows, and 32
+// registers hold the sums of all ROWS rows for passes of up to 6 tokens; AVX2 with FMA elsewhere
+// (SPECDEC_BF16_KERNEL=avx2 builds it on an AVX-512 CPU too). Each variant sums in its own order.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -28,13 +30,69 @@ constexpr int ROWS = 4;
 constexpr int GROUP = 32;
 constexpr int64_t MAX_ROWS = 8;
 constexpr int64_t PREFETCH = 1536;  // bytes ahead in the stream
-// Sums kept in registers per sweep: 16 registers less d, m, two decoded weight vectors, an input.
-constexpr int ACCUMULATORS = 11;
 
 constexpr int code_bytes(int bits) { return ROWS * GROUP * bits / 8; }
 constexpr int group_bytes(int bits) { return ROWS * 2 * sizeof(float) + code_bytes(bits); }
+
+// Sums kept in registers per sweep: 32 AVX-512 registers less the rows' decoded weights and an
+// input; 16 AVX2 ones less d, m, two decoded weight vectors and an input.
+#if defined(__AVX512F__)
+constexpr int ACCUMULATORS = 24;
+#else
+constexpr int ACCUMULATORS = 11;
+#endif
 constexpr int rows_per_sweep(int im) { return ROWS * im <= ACCUMULATORS ? ROWS : 2 * im <= ACCUMULATORS ? 2 : 1; }
 
+// decode(codes) reads the 16 codes of one row of one tile; block_kernel<BITS, IM> multiplies IM
+// (1 to MAX_ROWS) input rows by one block of ROWS weight rows. Each sum sees its products in the
+// same order whatever IM is, so a row's output does not depend on how many rows share the pass:
+// a verification pass gives each position what a one-token step would.
+#if defined(__AVX512F__)
+// The 16 codes of one row of one tile as one vector of 16 floats (columns 0-15).
+template <int BITS>
+static inline __m512 decode(const uint8_t *codes) {
+    if constexpr (BITS == 4) {
+        // Bytes 0-7 hold columns 0-7 in their low halves and 8-15 in their high halves.
+        const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(codes));
+        const __m128i halves = _mm_and_si128(_mm_unpacklo_epi64(bytes, _mm_srli_epi16(bytes, 4)), _mm_set1_epi8(15));
+        return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(halves));
+    } else {
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(codes))));
+    }
+}
+
+template <int BITS, int IM>
+static void block_kernel(const float *x, const uint8_t *block, float *y, int64_t n, int64_t k) {
+    constexpr int R = rows_per_sweep(IM);
+    constexpr int ROW_BYTES = GROUP / 2 * BITS / 8;  // one row's codes in one tile
+    for (int r0 = 0; r0 < ROWS; r0 += R) {
+        __m512 acc[R][IM];
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < IM; i++) acc[r][i] = _mm512_setzero_ps();
+        for (int64_t g = 0; g < k / GROUP; g++) {
+            const uint8_t *group = block + g * group_bytes(BITS);
+            for (int line = 0; line < group_bytes(BITS); line += 64)
+                _mm_prefetch(reinterpret_cast<const char *>(group + PREFETCH + line), _MM_HINT_T0);
+            const float *scales = reinterpret_cast<const float *>(group);
+            const uint8_t *codes = group + ROWS * 2 * sizeof(float);
+            for (int tile = 0; tile < 2; tile++) {
+                const int64_t column = g * GROUP + tile * GROUP / 2;
+                __m512 w[R];
+                for (int r = 0; r < R; r++)
+                    w[r] = _mm512_fmadd_ps(_mm512_set1_ps(scales[2 * (r0 + r)]),
+                                           decode<BITS>(codes + (tile * ROWS + r0 + r) * ROW_BYTES),
+                                           _mm512_set1_ps(scales[2 * (r0 + r) + 1]));
+                for (int i = 0; i < IM; i++) {
+                    const __m512 input = _mm512_loadu_ps(x + i * k + column);
+                    for (int r = 0; r < R; r++) acc[r][i] = _mm512_fmadd_ps(input, w[r], acc[r][i]);
+                }
+            }
+        }
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < IM; i++) y[i * n + r0 + r] = _mm512_reduce_add_ps(acc[r][i]);
+    }
+}
+#else
 // The 16 codes of one row of one tile as two vectors of 8 floats (columns 0-7, 8-15).
 template <int BITS>
 static inline void decode(const uint8_t *codes, __m256 &low, __m256 &high) {
@@ -54,9 +112,6 @@ static inline float sum(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-// IM (1 to MAX_ROWS) input rows against one block of ROWS weight rows. Each sum sees its
-// products in the same order whatever IM is, so a row's output does not depend on how many
-// rows share the pass: a verification pass gives each position what a one-token step would.
 template <int BITS, int IM>
 static void block_kernel(const float *x, const uint8_t *block, float *y, int64_t n, int64_t k) {
     constexpr int R = rows_per_sweep(IM);
@@ -91,6 +146,8 @@ static void block_kernel(const float *x, const uint8_t *block, float *y, int64_t
             for (int i = 0; i < IM; i++) y[i * n + r0 + r] = sum(acc[r][i]);
     }
 }
+
+#endif
 
 using BlockKernel = void (*)(const float *, const uint8_t *, float *, int64_t, int64_t);
 template <int BITS>

@@ -9,8 +9,8 @@ float32, so a decode step streams 32 bits per weight that hold 5 (or 9) bits of 
 weight the de-quantised model holds: a kernel that streams the codes and decodes them computes
 the fp32 model's products, summed in another order, from about a fifth of the bytes.
 :func:`block_code` recovers a layer's codes from its float32 weight and keeps them only if every
-weight is rebuilt bit for bit; ``gguf_weights.cpp`` is the kernel (AVX2 with FMA, on torch's
-threads), built like :mod:`specdec_ref.bf16_weights`'s into the course cache folder. It serves
+weight is rebuilt bit for bit; ``gguf_weights.cpp`` is the kernel (AVX-512, or AVX2 with FMA,
+on torch's threads), built like :mod:`specdec_ref.bf16_weights`'s into the course cache folder. It serves
 passes of up to :data:`MAX_ROWS` tokens (decode steps, verifications), each token's output the
 same whatever the pass's length; longer passes (a prefill) use PyTorch's kernel on the fp32
 weight, which the layer keeps. :func:`specdec_ref.fast.prepare` uses it wherever it applies.
@@ -35,7 +35,7 @@ CODES = {4: "Q4_1", 8: "Q8_0"}  # code width in bits -> the GGUF type it matches
 @cache
 def available() -> tuple[bool, str]:
     """Whether the kernel can run here (building it on first use): ``(ok, reason)``, the reason one line."""
-    return build_operator(SOURCE, ("gguf_weights_linear",), "GGUF-code kernel", isa="AVX2")
+    return build_operator(SOURCE, ("gguf_weights_linear",), "GGUF-code kernel")
 
 
 def fits(out_features: int, in_features: int) -> bool:

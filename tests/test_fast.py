@@ -116,6 +116,36 @@ def test_random_families_greedy_identical(family_pair):
             assert torch.equal(out.sequences, expected), (family, seed)
 
 
+def test_prepare_reads_grouped_query_heads_in_place_with_bit_identical_logits(monkeypatch):
+    """A verification pass (several tokens on a cache, so under a mask) must not copy the cached keys
+    and values per query head (transformers' repeat_kv) on the fast path, and must give the logits
+    transformers' own SDPA gives; the eager model keeps transformers' attention."""
+    from transformers.integrations import sdpa_attention
+
+    model = build("qwen2", 64, 2, seed=3)  # 2 query heads sharing 1 key/value head
+    quick = fast.prepare(model)
+    assert quick.config._attn_implementation == fast.GQA_ATTENTION
+    assert model.config._attn_implementation == "sdpa"
+    copies = []
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda x, n: copies.append(n) or x.repeat_interleave(n, 1))
+    ids = prompt(16, seed=1)
+    logits = {}
+    with torch.inference_mode():
+        for implementation in ("sdpa", fast.GQA_ATTENTION):
+            quick.config._attn_implementation_internal = implementation
+            copies.clear()
+            cache = new_cache(quick)
+            quick(ids[:, :12], past_key_values=cache, use_cache=True)
+            logits[implementation] = [quick(ids[:, 12:12 + n], past_key_values=cache, use_cache=True).logits
+                                      for n in (1, 3)]
+            rollback(cache, 12)
+            if implementation == "sdpa":
+                assert copies, "transformers' SDPA no longer repeats grouped heads under a mask: this test is moot"
+            else:
+                assert not copies
+    assert all(torch.equal(a, b) for a, b in zip(logits["sdpa"], logits[fast.GQA_ATTENTION]))
+
+
 class CountingGreedyDrafts:
     """Wraps a compiled model's one-graph greedy drafting and counts its calls."""
 

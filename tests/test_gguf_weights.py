@@ -5,6 +5,11 @@ Speed is measured by ``python -m specdec_ref bench --fast``, never asserted here
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -90,6 +95,10 @@ KERNEL_CASES = [(4, 4, 32), (4, 64, 96), (4, 1536, 576), (4, 576, 1536), (8, 4, 
 @needs_kernel
 @pytest.mark.parametrize("bits, out_features, in_features", KERNEL_CASES)
 def test_kernel_matches_fp32_linear_and_each_token_is_computed_as_alone(bits, out_features, in_features):
+    assert_kernel_matches_fp32_linear(bits, out_features, in_features)
+
+
+def assert_kernel_matches_fp32_linear(bits: int, out_features: int, in_features: int) -> None:
     """Every row count the kernel serves, and longer passes (PyTorch's kernel): within fp32
     rounding of PyTorch's linear; and row i of a pass bit for bit what a one-row pass gives it."""
     assert gguf_weights.available()[0]
@@ -109,6 +118,19 @@ def test_kernel_matches_fp32_linear_and_each_token_is_computed_as_alone(bits, ou
             if rows <= gguf_weights.MAX_ROWS:
                 alone = torch.cat([layer(x[:, i:i + 1]) for i in range(rows)], 1)
                 assert torch.equal(got, alone), rows
+
+
+@needs_kernel
+def test_the_avx2_variant_matches_fp32_linear_too():
+    """The AVX2 code, built on purpose (an AVX-512 CPU's default build never runs it), in a fresh
+    process: one process can load only one build of the operator."""
+    check = ("import sys; sys.path.insert(0, sys.argv[1]); import test_gguf_weights as t\n"
+             "ok, reason = t.gguf_weights.available(); print(reason); assert ok\n"
+             "for case in t.KERNEL_CASES: t.assert_kernel_matches_fp32_linear(*case)\n")
+    result = subprocess.run([sys.executable, "-c", check, str(Path(__file__).parent)], capture_output=True,
+                            text=True, env={**os.environ, "SPECDEC_BF16_KERNEL": "avx2"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "the GGUF-code kernel is built (AVX2, " in result.stdout
 
 
 @needs_kernel

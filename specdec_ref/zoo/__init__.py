@@ -175,9 +175,9 @@ def load(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
          zoo_dir: Path = ZOO_DIR, fast: bool = False) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``(model, tokenizer)`` in eval mode. Zoo weights are stored in bfloat16 and
     upcast to ``dtype`` (float32 by default: bf16 matmuls are slow on most CPUs).
-    ``fast=True`` returns ``specdec_ref.fast.prepare(model)``: on a CPU, the bf16-valued
-    linear weights read as bfloat16, the others prepacked for oneDNN (it warns and returns
-    the eager model where that does not apply)."""
+    ``fast=True`` returns ``specdec_ref.fast.prepare(model)``: on a CPU, GGUF-coded linear
+    weights (SmolLM2's) read as their codes, bf16-valued ones as bfloat16, the others prepacked
+    for oneDNN (it warns and returns the eager model where that does not apply)."""
     if is_eagle_head(name, zoo_dir):
         raise ValueError(f"{name} is an EAGLE draft head, not a causal LM: it drafts from its target's "
                          "features. Load it with zoo.load_eagle and pass EagleDrafter(head, target, vocab) "
