@@ -43,12 +43,16 @@ constexpr int ACCUMULATORS = 11;
 #endif
 constexpr int rows_per_sweep(int im) { return ROWS * im <= ACCUMULATORS ? ROWS : 2 * im <= ACCUMULATORS ? 2 : 1; }
 
-// decode(codes) reads the 16 codes of one row of one tile; block_kernel<BITS, IM> multiplies IM
-// (1 to MAX_ROWS) input rows by one block of ROWS weight rows. Each sum sees its products in the
+// decode(codes) reads the 16 codes of one row of one tile; multiply_tile<BITS, R, IM> adds one tile
+// of R weight rows times IM input rows to the sums acc[R][IM]; block_kernel<BITS, IM> multiplies
+// IM (1 to MAX_ROWS) input rows by one block of ROWS weight rows. Each sum sees its products in the
 // same order whatever IM is, so a row's output does not depend on how many rows share the pass:
 // a verification pass gives each position what a one-token step would.
 #if defined(__AVX512F__)
-// The 16 codes of one row of one tile as one vector of 16 floats (columns 0-15).
+using Sums = __m512;  // one tile of 16 columns per register
+static inline Sums zero() { return _mm512_setzero_ps(); }
+static inline float total(Sums v) { return _mm512_reduce_add_ps(v); }
+
 template <int BITS>
 static inline __m512 decode(const uint8_t *codes) {
     if constexpr (BITS == 4) {
@@ -61,39 +65,29 @@ static inline __m512 decode(const uint8_t *codes) {
     }
 }
 
-template <int BITS, int IM>
-static void block_kernel(const float *x, const uint8_t *block, float *y, int64_t n, int64_t k) {
-    constexpr int R = rows_per_sweep(IM);
-    constexpr int ROW_BYTES = GROUP / 2 * BITS / 8;  // one row's codes in one tile
-    for (int r0 = 0; r0 < ROWS; r0 += R) {
-        __m512 acc[R][IM];
-        for (int r = 0; r < R; r++)
-            for (int i = 0; i < IM; i++) acc[r][i] = _mm512_setzero_ps();
-        for (int64_t g = 0; g < k / GROUP; g++) {
-            const uint8_t *group = block + g * group_bytes(BITS);
-            for (int line = 0; line < group_bytes(BITS); line += 64)
-                _mm_prefetch(reinterpret_cast<const char *>(group + PREFETCH + line), _MM_HINT_T0);
-            const float *scales = reinterpret_cast<const float *>(group);
-            const uint8_t *codes = group + ROWS * 2 * sizeof(float);
-            for (int tile = 0; tile < 2; tile++) {
-                const int64_t column = g * GROUP + tile * GROUP / 2;
-                __m512 w[R];
-                for (int r = 0; r < R; r++)
-                    w[r] = _mm512_fmadd_ps(_mm512_set1_ps(scales[2 * (r0 + r)]),
-                                           decode<BITS>(codes + (tile * ROWS + r0 + r) * ROW_BYTES),
-                                           _mm512_set1_ps(scales[2 * (r0 + r) + 1]));
-                for (int i = 0; i < IM; i++) {
-                    const __m512 input = _mm512_loadu_ps(x + i * k + column);
-                    for (int r = 0; r < R; r++) acc[r][i] = _mm512_fmadd_ps(input, w[r], acc[r][i]);
-                }
-            }
-        }
-        for (int r = 0; r < R; r++)
-            for (int i = 0; i < IM; i++) y[i * n + r0 + r] = _mm512_reduce_add_ps(acc[r][i]);
+// The R rows' weights are decoded first, so each input vector is loaded once for all of them.
+template <int BITS, int R, int IM>
+static inline void multiply_tile(Sums (&acc)[R][IM], const float *x, int64_t k, int64_t column,
+                                 const float *scales, const uint8_t *codes) {
+    constexpr int ROW_BYTES = GROUP / 2 * BITS / 8;
+    __m512 w[R];
+    for (int r = 0; r < R; r++)
+        w[r] = _mm512_fmadd_ps(_mm512_set1_ps(scales[2 * r]), decode<BITS>(codes + r * ROW_BYTES),
+                               _mm512_set1_ps(scales[2 * r + 1]));
+    for (int i = 0; i < IM; i++) {
+        const __m512 input = _mm512_loadu_ps(x + i * k + column);
+        for (int r = 0; r < R; r++) acc[r][i] = _mm512_fmadd_ps(input, w[r], acc[r][i]);
     }
 }
 #else
-// The 16 codes of one row of one tile as two vectors of 8 floats (columns 0-7, 8-15).
+using Sums = __m256;  // a tile of 16 columns in two halves, added into the same sums
+static inline Sums zero() { return _mm256_setzero_ps(); }
+static inline float total(Sums v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
 template <int BITS>
 static inline void decode(const uint8_t *codes, __m256 &low, __m256 &high) {
     if constexpr (BITS == 4) {
@@ -106,48 +100,47 @@ static inline void decode(const uint8_t *codes, __m256 &low, __m256 &high) {
     }
 }
 
-static inline float sum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+template <int BITS, int R, int IM>
+static inline void multiply_tile(Sums (&acc)[R][IM], const float *x, int64_t k, int64_t column,
+                                 const float *scales, const uint8_t *codes) {
+    constexpr int ROW_BYTES = GROUP / 2 * BITS / 8;
+    for (int r = 0; r < R; r++) {
+        const __m256 d = _mm256_broadcast_ss(scales + 2 * r);
+        const __m256 m = _mm256_broadcast_ss(scales + 2 * r + 1);
+        __m256 low, high;
+        decode<BITS>(codes + r * ROW_BYTES, low, high);
+        low = _mm256_fmadd_ps(d, low, m);
+        high = _mm256_fmadd_ps(d, high, m);
+        for (int i = 0; i < IM; i++) {
+            acc[r][i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * k + column), low, acc[r][i]);
+            acc[r][i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * k + column + 8), high, acc[r][i]);
+        }
+    }
 }
+#endif
 
 template <int BITS, int IM>
 static void block_kernel(const float *x, const uint8_t *block, float *y, int64_t n, int64_t k) {
     constexpr int R = rows_per_sweep(IM);
     constexpr int ROW_BYTES = GROUP / 2 * BITS / 8;  // one row's codes in one tile
     for (int r0 = 0; r0 < ROWS; r0 += R) {
-        __m256 acc[R][IM];
+        Sums acc[R][IM];
         for (int r = 0; r < R; r++)
-            for (int i = 0; i < IM; i++) acc[r][i] = _mm256_setzero_ps();
+            for (int i = 0; i < IM; i++) acc[r][i] = zero();
         for (int64_t g = 0; g < k / GROUP; g++) {
             const uint8_t *group = block + g * group_bytes(BITS);
             for (int line = 0; line < group_bytes(BITS); line += 64)
                 _mm_prefetch(reinterpret_cast<const char *>(group + PREFETCH + line), _MM_HINT_T0);
-            const float *scales = reinterpret_cast<const float *>(group);
+            const float *scales = reinterpret_cast<const float *>(group) + 2 * r0;
             const uint8_t *codes = group + ROWS * 2 * sizeof(float);
-            for (int tile = 0; tile < 2; tile++) {
-                const int64_t column = g * GROUP + tile * GROUP / 2;
-                for (int r = 0; r < R; r++) {
-                    const __m256 d = _mm256_broadcast_ss(scales + 2 * (r0 + r));
-                    const __m256 m = _mm256_broadcast_ss(scales + 2 * (r0 + r) + 1);
-                    __m256 low, high;
-                    decode<BITS>(codes + (tile * ROWS + r0 + r) * ROW_BYTES, low, high);
-                    low = _mm256_fmadd_ps(d, low, m);
-                    high = _mm256_fmadd_ps(d, high, m);
-                    for (int i = 0; i < IM; i++) {
-                        acc[r][i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * k + column), low, acc[r][i]);
-                        acc[r][i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * k + column + 8), high, acc[r][i]);
-                    }
-                }
-            }
+            for (int tile = 0; tile < 2; tile++)
+                multiply_tile<BITS, R, IM>(acc, x, k, g * GROUP + tile * GROUP / 2, scales,
+                                           codes + (tile * ROWS + r0) * ROW_BYTES);
         }
         for (int r = 0; r < R; r++)
-            for (int i = 0; i < IM; i++) y[i * n + r0 + r] = sum(acc[r][i]);
+            for (int i = 0; i < IM; i++) y[i * n + r0 + r] = total(acc[r][i]);
     }
 }
-
-#endif
 
 using BlockKernel = void (*)(const float *, const uint8_t *, float *, int64_t, int64_t);
 template <int BITS>

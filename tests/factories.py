@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import copy
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -120,3 +123,14 @@ def tokenizer_a():
 @pytest.fixture(scope="session")
 def tokenizer_b():
     return train_tokenizer(320, "digits")
+
+
+def assert_passes_on_the_avx2_build(check: str, kernel: str) -> None:
+    """Run ``check`` (Python; ``tests/`` on its path) in a fresh process whose kernels are built as
+    their AVX2 variants (an AVX-512 CPU's default build never runs that code; one process can load
+    only one build of an operator), and assert it passed on the AVX2 build of ``kernel``."""
+    result = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1])\n" + check,
+                             str(Path(__file__).parent)], capture_output=True, text=True,
+                            env={**os.environ, "SPECDEC_BF16_KERNEL": "avx2"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"the {kernel} is built (AVX2, " in result.stdout

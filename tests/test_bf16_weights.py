@@ -4,15 +4,10 @@ Speed is measured by ``python -m specdec_ref bench --fast``, never asserted here
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-from factories import build, noisy_copy, prompt
+from factories import assert_passes_on_the_avx2_build, build, noisy_copy, prompt
 from specdec_ref import autoregressive_generate, bf16_weights, fast, speculative_generate, zoo
 from specdec_ref.roofline import weight_bytes
 
@@ -123,15 +118,10 @@ def test_kernel_matches_fp32_linear_for_every_row_count(shape):
 
 @needs_kernel
 def test_the_avx2_variant_matches_fp32_linear_too():
-    """The AVX2 code, built on purpose (on an AVX-512 CPU the default build never runs it), in a
-    fresh process: one process can load only one build of the operator."""
-    check = ("import sys; sys.path.insert(0, sys.argv[1]); import test_bf16_weights as t\n"
-             "ok, reason = t.bf16_weights.available(); print(reason); assert ok\n"
-             "for shape in t.KERNEL_SHAPES: t.assert_kernel_matches_fp32_linear(shape)\n")
-    result = subprocess.run([sys.executable, "-c", check, str(Path(__file__).parent)], capture_output=True,
-                            text=True, env={**os.environ, "SPECDEC_BF16_KERNEL": "avx2"})
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "the bf16-weight kernel is built (AVX2, " in result.stdout
+    assert_passes_on_the_avx2_build("import test_bf16_weights as t\n"
+                                    "ok, reason = t.bf16_weights.available(); print(reason); assert ok\n"
+                                    "for shape in t.KERNEL_SHAPES: t.assert_kernel_matches_fp32_linear(shape)\n",
+                                    "bf16-weight kernel")
 
 
 @needs_kernel

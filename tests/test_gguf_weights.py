@@ -5,15 +5,10 @@ Speed is measured by ``python -m specdec_ref bench --fast``, never asserted here
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-from factories import build
+from factories import assert_passes_on_the_avx2_build, build
 from specdec_ref import autoregressive_generate, bf16_weights, fast, gguf_weights, speculative_generate, zoo
 from specdec_ref.eagle import EagleDrafter
 from specdec_ref.roofline import weight_bytes
@@ -122,15 +117,10 @@ def assert_kernel_matches_fp32_linear(bits: int, out_features: int, in_features:
 
 @needs_kernel
 def test_the_avx2_variant_matches_fp32_linear_too():
-    """The AVX2 code, built on purpose (an AVX-512 CPU's default build never runs it), in a fresh
-    process: one process can load only one build of the operator."""
-    check = ("import sys; sys.path.insert(0, sys.argv[1]); import test_gguf_weights as t\n"
-             "ok, reason = t.gguf_weights.available(); print(reason); assert ok\n"
-             "for case in t.KERNEL_CASES: t.assert_kernel_matches_fp32_linear(*case)\n")
-    result = subprocess.run([sys.executable, "-c", check, str(Path(__file__).parent)], capture_output=True,
-                            text=True, env={**os.environ, "SPECDEC_BF16_KERNEL": "avx2"})
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "the GGUF-code kernel is built (AVX2, " in result.stdout
+    assert_passes_on_the_avx2_build("import test_gguf_weights as t\n"
+                                    "ok, reason = t.gguf_weights.available(); print(reason); assert ok\n"
+                                    "for case in t.KERNEL_CASES: t.assert_kernel_matches_fp32_linear(*case)\n",
+                                    "GGUF-code kernel")
 
 
 @needs_kernel
