@@ -55,6 +55,8 @@ the switch, and the measuring tools lesson 2 uses to show why it helps:
 - ``prepare(model, compile=True)``: bf16-stored layers where they apply, the rest on the default
   kernel, and the forward compiled by ``torch.compile`` (dynamic shapes);
   :func:`compile_available` says whether it can be here, :func:`is_compiled` whether a model was.
+- :func:`gqa_sdpa_attention`: the attention a fast ``transformers`` model with SDPA runs (set by
+  :func:`prepare`; not with ``compile=True``): grouped-query heads read in place under a mask.
 - :func:`fast_layers` ``(module) -> module``: the same swap for any module (an EAGLE head and
   its LM head rows, when they draft for a fast target).
 - :func:`is_fast` ``(model) -> bool``: whether a model runs on packed, coded or bf16-stored weights;
