@@ -184,7 +184,11 @@ def generate_continuations(target, tokenizer, texts: list[str], folder: Path, ki
             chunk = [texts[(start + j) % len(texts)] for j in range(budget.gen_batch)]
             seed = None if kind == "greedy" else 1_000 + index
             record = continuation_batch(target, tokenizer, chunk, budget.new_tokens, seed)
-            np.savez(folder / f"{kind}-{index:05d}.npz", **record)
+            path = folder / f"{kind}-{index:05d}.npz"
+            tmp = path.with_suffix(".tmp")  # renamed when whole: a run stopped mid-write leaves no batch file
+            with tmp.open("wb") as file:
+                np.savez(file, **record)
+            tmp.replace(path)
 
 
 def file_continuations(path: Path) -> list[tuple[np.ndarray, int]]:
