@@ -31,6 +31,7 @@ constexpr int GROUP = 32;
 constexpr int64_t MAX_ROWS = 8;
 constexpr int64_t PREFETCH = 1536;  // bytes ahead in the stream
 
+constexpr int row_bytes(int bits) { return GROUP / 2 * bits / 8; }  // one row's codes in one tile
 constexpr int code_bytes(int bits) { return ROWS * GROUP * bits / 8; }
 constexpr int group_bytes(int bits) { return ROWS * 2 * sizeof(float) + code_bytes(bits); }
 
@@ -69,10 +70,9 @@ static inline __m512 decode(const uint8_t *codes) {
 template <int BITS, int R, int IM>
 static inline void multiply_tile(Sums (&acc)[R][IM], const float *x, int64_t k, int64_t column,
                                  const float *scales, const uint8_t *codes) {
-    constexpr int ROW_BYTES = GROUP / 2 * BITS / 8;
     __m512 w[R];
     for (int r = 0; r < R; r++)
-        w[r] = _mm512_fmadd_ps(_mm512_set1_ps(scales[2 * r]), decode<BITS>(codes + r * ROW_BYTES),
+        w[r] = _mm512_fmadd_ps(_mm512_set1_ps(scales[2 * r]), decode<BITS>(codes + r * row_bytes(BITS)),
                                _mm512_set1_ps(scales[2 * r + 1]));
     for (int i = 0; i < IM; i++) {
         const __m512 input = _mm512_loadu_ps(x + i * k + column);
@@ -103,12 +103,11 @@ static inline void decode(const uint8_t *codes, __m256 &low, __m256 &high) {
 template <int BITS, int R, int IM>
 static inline void multiply_tile(Sums (&acc)[R][IM], const float *x, int64_t k, int64_t column,
                                  const float *scales, const uint8_t *codes) {
-    constexpr int ROW_BYTES = GROUP / 2 * BITS / 8;
     for (int r = 0; r < R; r++) {
         const __m256 d = _mm256_broadcast_ss(scales + 2 * r);
         const __m256 m = _mm256_broadcast_ss(scales + 2 * r + 1);
         __m256 low, high;
-        decode<BITS>(codes + r * ROW_BYTES, low, high);
+        decode<BITS>(codes + r * row_bytes(BITS), low, high);
         low = _mm256_fmadd_ps(d, low, m);
         high = _mm256_fmadd_ps(d, high, m);
         for (int i = 0; i < IM; i++) {
@@ -122,7 +121,6 @@ static inline void multiply_tile(Sums (&acc)[R][IM], const float *x, int64_t k, 
 template <int BITS, int IM>
 static void block_kernel(const float *x, const uint8_t *block, float *y, int64_t n, int64_t k) {
     constexpr int R = rows_per_sweep(IM);
-    constexpr int ROW_BYTES = GROUP / 2 * BITS / 8;  // one row's codes in one tile
     for (int r0 = 0; r0 < ROWS; r0 += R) {
         Sums acc[R][IM];
         for (int r = 0; r < R; r++)
@@ -135,7 +133,7 @@ static void block_kernel(const float *x, const uint8_t *block, float *y, int64_t
             const uint8_t *codes = group + ROWS * 2 * sizeof(float);
             for (int tile = 0; tile < 2; tile++)
                 multiply_tile<BITS, R, IM>(acc, x, k, g * GROUP + tile * GROUP / 2, scales,
-                                           codes + (tile * ROWS + r0) * ROW_BYTES);
+                                           codes + (tile * ROWS + r0) * row_bytes(BITS));
         }
         for (int r = 0; r < R; r++)
             for (int i = 0; i < IM; i++) y[i * n + r0 + r] = total(acc[r][i]);

@@ -40,8 +40,10 @@ import hashlib
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -184,11 +186,16 @@ def generate_continuations(target, tokenizer, texts: list[str], folder: Path, ki
             chunk = [texts[(start + j) % len(texts)] for j in range(budget.gen_batch)]
             seed = None if kind == "greedy" else 1_000 + index
             record = continuation_batch(target, tokenizer, chunk, budget.new_tokens, seed)
-            path = folder / f"{kind}-{index:05d}.npz"
-            tmp = path.with_suffix(".tmp")  # renamed when whole: a run stopped mid-write leaves no batch file
-            with tmp.open("wb") as file:
-                np.savez(file, **record)
-            tmp.replace(path)
+            write_whole(folder / f"{kind}-{index:05d}.npz", lambda file: np.savez(file, **record))
+
+
+def write_whole(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write ``path`` with ``write(file)`` into a temporary file renamed when whole: a run stopped
+    mid-write leaves no file (the data files are committed; the feature shards are read back)."""
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("wb") as file:
+        write(file)
+    tmp.replace(path)
 
 
 def file_continuations(path: Path) -> list[tuple[np.ndarray, int]]:
@@ -277,10 +284,9 @@ def stored_features(target, data: Path, cache: Path | None = None, files_per_pre
             computed += sum(len(s) for s in seqs)
             if shard:
                 shard.parent.mkdir(parents=True, exist_ok=True)
-                tmp = shard.with_suffix(".tmp")  # renamed when whole: a run stopped mid-write leaves no shard
-                torch.save({"source_sha256": digest, "features": torch.cat([f.features for f in by_file[path]]),
-                            "labels": torch.cat([f.labels for f in by_file[path]])}, tmp)
-                tmp.replace(shard)
+                shard_data = {"source_sha256": digest, "features": torch.cat([f.features for f in by_file[path]]),
+                              "labels": torch.cat([f.labels for f in by_file[path]])}
+                write_whole(shard, lambda file: torch.save(shard_data, file))
         print(f"features: {len(paths) - len(missing) + i + len(group)}/{len(paths)} data files, {computed} tokens "
               f"computed ({computed / (time.time() - start):.0f} tokens/s)", flush=True)
     return [f for path in paths for f in by_file[path]]
