@@ -251,8 +251,8 @@ def demo(args: argparse.Namespace) -> None:
     from . import fast
 
     fast_prompts = prompts[: args.fast_prompts]
-    print(f"\n--- the fast path (specdec_ref.fast: bf16-valued weights read as bf16, others prepacked), eager vs fast on "
-          f"{len(fast_prompts)} prompts, interleaved ---")
+    print("\n--- the fast path (specdec_ref.fast: GGUF codes and bf16-valued weights read as stored, others "
+          f"prepacked), eager vs fast on {len(fast_prompts)} prompts, interleaved ---")
     usable, reason = fast.available(pair.target)
     if not usable or not fast_prompts:
         print(f"skipped: {reason if not usable else '--fast-prompts 0'}")

@@ -153,7 +153,8 @@ def available(model: torch.nn.Module | None = None) -> tuple[bool, str]:
         names = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
         return False, (f"the linear weights are {names}; the fast path packs float32 only (reduced-precision "
                        "kernels round differently and change greedy output)")
-    return True, f"{len(layers)} linear layers can be packed for oneDNN"
+    return True, (f"its {len(layers)} linear layers can go on the fast kernels (GGUF codes, bf16 copies or "
+                  "prepacked oneDNN weights; path_name of the prepared model says which)")
 
 
 class PackedLinear(torch.nn.Module):
