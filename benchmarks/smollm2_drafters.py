@@ -4,6 +4,7 @@
     python benchmarks/smollm2_drafters.py --per-kind 2 --k 3 --json out/drafters.json
     python benchmarks/smollm2_drafters.py --fast               # everything on specdec_ref.fast's kernels
     python benchmarks/smollm2_drafters.py --fast --k 2,4 --eagle-min-confidence 0.5   # also the head, stopping early
+    python benchmarks/smollm2_drafters.py --fast --eagle zoo:smollm2-eagle --eagle RUN/smollm2-eagle  # two heads, paired
 
 Drafters: the EAGLE head (``zoo:smollm2-eagle``, reads SmolLM2's features; its draft cost c
 is also measured without its draft vocabulary), the distilled 16M draft model
@@ -19,6 +20,8 @@ and v(k) (``specdec_ref.costs``), set beside the measured speedup. With ``--fast
 the distilled draft and the head run on :func:`specdec_ref.fast.prepare`'s kernels (SmolLM2 on its
 GGUF codes), and the baseline is that fast SmolLM2. ``--eagle-min-confidence P`` adds the head
 once more, ending each draft after a token it gives less than probability P (at most k drafts).
+``--eagle HEAD`` (repeatable) names the heads to run, a zoo name or a folder the recipe wrote: a
+retrained head set beside the shipped one on the same prompts, in the same run.
 """
 from __future__ import annotations
 
@@ -54,16 +57,24 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt")
     parser.add_argument("--json", help="write every figure to this path")
     parser.add_argument("--fast", action="store_true", help="target and drafts on specdec_ref.fast's kernels")
+    parser.add_argument("--eagle", action="append", metavar="HEAD",
+                        help="an EAGLE head to run (zoo name or folder; repeat for several; default zoo:smollm2-eagle)")
     parser.add_argument("--eagle-min-confidence", type=float,
                         help="also run the head ending a draft below this probability (dynamic draft length)")
     args = parser.parse_args()
     ks = [int(k) for k in args.k.split(",")]
 
     target, tokenizer = load("zoo:smollm2", fast=args.fast)
-    head, vocab = load_eagle("zoo:smollm2-eagle")
+    head_names = args.eagle or ["zoo:smollm2-eagle"]
+    heads = [load_eagle(name) for name in head_names]
+    head, vocab = heads[0]
     draft, _ = load("zoo:smollm2-draft", fast=args.fast)
     print(f"SmolLM2 on {fast.path_name(target)}")
-    drafters = {"eagle": EagleDrafter(head, target, vocab), "distilled": draft, "prompt lookup": PromptLookupDrafter()}
+    # the first head is "eagle"; others are named by the path given, so the JSON says which is which
+    drafters = {"eagle": EagleDrafter(head, target, vocab)}
+    drafters |= {f"eagle {name}": EagleDrafter(other, target, other_vocab)
+                 for name, (other, other_vocab) in zip(head_names[1:], heads[1:])}
+    drafters |= {"distilled": draft, "prompt lookup": PromptLookupDrafter()}
     if args.eagle_min_confidence is not None:
         dynamic = f"eagle, p >= {args.eagle_min_confidence:g}"
         drafters[dynamic] = EagleDrafter(head, target, vocab, min_confidence=args.eagle_min_confidence)
@@ -82,7 +93,8 @@ def main() -> None:
              for name, d in drafters.items()}
     result = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "max_new_tokens": n,
               "target_path": fast.path_name(target), "draft_path": fast.path_name(draft),
-              "per_kind": args.per_kind, "ks": ks, "kinds": {}, "costs": {}}
+              "per_kind": args.per_kind, "ks": ks, "heads": head_names, "kinds": {},
+              "costs": {}}
     # the draft vocabulary's saving: the same head drafting over all 49,152 rows of the LM head
     full = measure_costs(target, EagleDrafter(head, target), context, ks[:1])
     result["costs"]["eagle, full vocabulary"] = {"c": full.cost_ratio, "c_spread": full.cost_ratio_spread}
