@@ -12,6 +12,8 @@ import io
 import logging
 import os
 import signal
+import threading
+import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -77,6 +79,50 @@ def hidden_case(case: str) -> Iterator[None]:
         detail = _first_line(error)
         raise AssertionError(f"hidden case {case}: your code raised {type(error).__name__}"
                              + (f": {detail}" if detail else "")) from None
+
+
+class TickingClock:
+    """What ``ticking_clock`` yields: ``readings`` counts the clock readings the block took."""
+
+    def __init__(self, step: float) -> None:
+        self.step = step
+        self.readings = 0
+
+    def seconds(self) -> float:
+        self.readings += 1
+        return self.readings * self.step
+
+
+@contextlib.contextmanager
+def ticking_clock(step: float) -> Iterator[TickingClock]:
+    """Inside the block, ``time``'s clocks read by this thread advance exactly ``step`` seconds
+    per reading, whatever the code between two readings costs.
+
+    A timing answer then gives one exact figure: a bandwidth test can check the bytes an answer
+    counts without the noise of a shared machine (a triad that counts one array of three is 3x
+    off, and machines vary by more than that between runs). ``perf_counter``, ``monotonic``,
+    ``time`` and their ``_ns`` twins all read the one ticking clock; other threads (the kernel's
+    own) keep the real clocks, so they cannot advance it.
+    """
+    clock = TickingClock(step)
+    reader = threading.get_ident()
+    names = ("perf_counter", "monotonic", "time")
+    real = {name: getattr(time, name) for name in names} | {f"{n}_ns": getattr(time, f"{n}_ns") for n in names}
+
+    def seconds_or_real(name: str):
+        return lambda: clock.seconds() if threading.get_ident() == reader else real[name]()
+
+    def nanoseconds_or_real(name: str):
+        return lambda: round(clock.seconds() * 1e9) if threading.get_ident() == reader else real[name]()
+
+    for name in names:
+        setattr(time, name, seconds_or_real(name))
+        setattr(time, f"{name}_ns", nanoseconds_or_real(f"{name}_ns"))
+    try:
+        yield clock
+    finally:
+        for name, function in real.items():
+            setattr(time, name, function)
 
 
 class CountingModel:

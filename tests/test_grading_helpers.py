@@ -39,3 +39,39 @@ def test_hidden_case_passes_quietly_and_lets_interrupts_through():
     with pytest.raises(KeyboardInterrupt):
         with grading.hidden_case("interrupted"):
             raise KeyboardInterrupt
+
+
+def test_ticking_clock_gives_every_interval_one_step_in_every_clock_and_restores_them():
+    import statistics
+    import threading
+    import time
+
+    real_perf_counter = time.perf_counter
+    seen_by_another_thread = []
+    with grading.ticking_clock(0.001) as clock:
+        starts_and_ends = []
+        for _ in range(3):
+            start = time.perf_counter()
+            sum(range(200_000))  # real work between readings does not change the interval
+            starts_and_ends.append(time.perf_counter() - start)
+        ns = time.perf_counter_ns()
+        assert time.perf_counter_ns() - ns == 1_000_000
+        assert time.monotonic() < time.time()  # one clock: each reading is one step later
+        worker = threading.Thread(target=lambda: seen_by_another_thread.append(time.perf_counter()))
+        worker.start()
+        worker.join()
+    assert statistics.median(starts_and_ends) == pytest.approx(0.001, rel=1e-9)
+    assert clock.readings == 10
+    # another thread reads the real clock (large: seconds since boot), and did not advance this one
+    assert seen_by_another_thread[0] > 1.0 and clock.readings == 10
+    assert time.perf_counter is real_perf_counter and time.perf_counter() > 1.0
+
+
+def test_ticking_clock_restores_the_clocks_when_the_block_raises():
+    import time
+
+    real = (time.perf_counter, time.perf_counter_ns, time.monotonic, time.time_ns)
+    with pytest.raises(ValueError):
+        with grading.ticking_clock(0.5):
+            raise ValueError("the answer failed")
+    assert (time.perf_counter, time.perf_counter_ns, time.monotonic, time.time_ns) == real
