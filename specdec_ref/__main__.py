@@ -241,7 +241,8 @@ def demo(args: argparse.Namespace) -> None:
                     for name in ("speculative", "speculative_dynamic", "hf_assisted"))
     print(f"outputs identical to the target's greedy decoding: {'yes' if identical else 'NO'}")
 
-    _print_roofline(summary["target_weight_bytes"], measure_this_machine())
+    machine = measure_this_machine()  # once: the roofline and the fast path's shares use the same figure
+    _print_roofline(summary["target_weight_bytes"], machine)
     print(f"  bandwidth achieved: baseline {summary['baseline']['bandwidth_achieved'] / 1e9:.1f} GB/s, "
           f"speculative {result['bandwidth_achieved'] / 1e9:.1f} GB/s of weights read")
     Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
@@ -257,7 +258,7 @@ def demo(args: argparse.Namespace) -> None:
     if not usable or not fast_prompts:
         print(f"skipped: {reason if not usable else '--fast-prompts 0'}")
     else:
-        fast_summary = bench.run_fast(pair, fast_prompts, [args.k], args.max_new_tokens)
+        fast_summary = bench.run_fast(pair, fast_prompts, [args.k], args.max_new_tokens, bandwidth=machine["dram"])
         print("\n".join(fast_report(fast_summary)))
         # Not an error when it fails: fp32 sums in another order may break a near-tie differently.
         print(f"fast outputs identical to the eager greedy decoding: "

@@ -311,7 +311,7 @@ def dram_bandwidth(rounds: int = 3) -> float:
 
 
 def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: int = 128,
-             progress: bool = True, compile: bool = False) -> dict:
+             progress: bool = True, compile: bool = False, bandwidth: float | None = None) -> dict:
     """The eager pair against its :func:`specdec_ref.fast.prepare` version, side by side.
 
     Baseline and speculative decoding at every k run for both versions on every prompt,
@@ -319,7 +319,8 @@ def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_toke
     seconds are reported (with ``compile=True`` they include the compilation). Speedups
     are medians of per-prompt ratios; outputs are compared with the eager baseline's, prompt
     by prompt. Bandwidth achieved is also given as a share of the DRAM bandwidth measured
-    here, with the torch threads used; each version's bytes are those it reads
+    here, with the torch threads used (or ``bandwidth``, bytes/s, if the caller measured it
+    already: one figure per report); each version's bytes are those it reads
     (:func:`specdec_ref.fast.streamed_weight_bytes`). Raises ``ValueError`` where the fast path does not apply.
     """
     ok, reason = (fast.compile_available if compile else fast.available)(pair.target)
@@ -345,7 +346,7 @@ def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_toke
         for k in methods:
             generate(version, encoded[0], k)
         warmup_seconds[version] = time.perf_counter() - start
-    bandwidth = dram_bandwidth()
+    bandwidth = bandwidth or dram_bandwidth()
     now = clock(pair.target.device)
     runs = {(version, k): [] for version in versions for k in methods}
     for i, ids in enumerate(tqdm(encoded, desc="prompts", disable=not progress)):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -105,6 +106,9 @@ def test_demo_runs_on_the_shipped_zoo(tmp_path):
                  "fast outputs identical to the eager greedy decoding: yes"):
         assert line in result.stdout, line
     assert (tmp_path / "demo.png").read_bytes()[:4] == b"\x89PNG"
+    # one DRAM figure per report: the roofline's and the fast path's (measured twice, they differed 2x)
+    triads = re.findall(r"DRAM triad ([0-9.]+) GB/s", result.stdout)
+    assert len(triads) == 2 and triads[0] == triads[1], triads
     if bf16_weights.has_vector_units(bf16_weights._cpu_flags()):  # the showcase runs SmolLM2 on its GGUF codes
         assert "k=2, greedy, on Q4_1-coded weights (210 of 211 linear layers)" in result.stdout
 

@@ -376,6 +376,8 @@ def test_run_fast_reports_both_versions(saved_pair):
     assert summary["baseline"]["eager"]["speedup_over_eager"] == 1.0
     assert summary["best_k"] in (1, 3)
     json.dumps(summary)
+    given = bench.run_fast(pair, ["x = 1\n"], ks=[1], max_new_tokens=4, progress=False, bandwidth=12.5e9)
+    assert given["dram_bandwidth"] == 12.5e9  # the caller's figure, not a second measurement
 
 
 def test_run_fast_refuses_a_model_it_does_not_apply_to(saved_pair):
