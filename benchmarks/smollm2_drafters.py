@@ -5,6 +5,7 @@
     python benchmarks/smollm2_drafters.py --fast               # everything on specdec_ref.fast's kernels
     python benchmarks/smollm2_drafters.py --fast --k 2,4 --eagle-min-confidence 0.5   # also the head, stopping early
     python benchmarks/smollm2_drafters.py --fast --eagle zoo:smollm2-eagle --eagle RUN/smollm2-eagle  # two heads, paired
+    python benchmarks/smollm2_drafters.py --fast --k 2,3 --eagle-first-candidates 2   # also a tree: 2 first drafts
 
 Drafters: the EAGLE head (``zoo:smollm2-eagle``, reads SmolLM2's features; its draft cost c
 is also measured without its draft vocabulary), the distilled 16M draft model
@@ -20,7 +21,9 @@ and v(k) (``specdec_ref.costs``), set beside the measured speedup. With ``--fast
 the distilled draft and the head run on :func:`specdec_ref.fast.prepare`'s kernels (SmolLM2 on its
 GGUF codes), and the baseline is that fast SmolLM2. ``--eagle-min-confidence P`` adds the head
 once more, ending each draft after a token it gives less than probability P (at most k drafts).
-``--eagle HEAD`` (repeatable) names the heads to run, a zoo name or a folder the recipe wrote: a
+``--eagle-first-candidates M`` adds the head once more, proposing its best M tokens for the
+first position (the chain goes on from the best; a tree of k + M - 1 drafts, verified in one
+pass and predicted from its tau with v(k + M - 1)). ``--eagle HEAD`` (repeatable) names the heads to run, a zoo name or a folder the recipe wrote: a
 retrained head set beside the shipped one on the same prompts, in the same run.
 """
 from __future__ import annotations
@@ -61,6 +64,8 @@ def main() -> None:
                         help="an EAGLE head to run (zoo name or folder; repeat for several; default zoo:smollm2-eagle)")
     parser.add_argument("--eagle-min-confidence", type=float,
                         help="also run the head ending a draft below this probability (dynamic draft length)")
+    parser.add_argument("--eagle-first-candidates", type=int, metavar="M",
+                        help="also run the head proposing its best M tokens for the first position (a small tree)")
     args = parser.parse_args()
     ks = [int(k) for k in args.k.split(",")]
 
@@ -78,6 +83,11 @@ def main() -> None:
     if args.eagle_min_confidence is not None:
         dynamic = f"eagle, p >= {args.eagle_min_confidence:g}"
         drafters[dynamic] = EagleDrafter(head, target, vocab, min_confidence=args.eagle_min_confidence)
+    extra_rows = {}  # per method: tokens verified beyond k (a tree's other first candidates)
+    if args.eagle_first_candidates:
+        tree = f"eagle, {args.eagle_first_candidates} first candidates"
+        drafters[tree] = EagleDrafter(head, target, vocab, first_candidates=args.eagle_first_candidates)
+        extra_rows[tree] = args.eagle_first_candidates - 1
     kinds, texts = zip(*interleave(heldout_prompts(tokenizer, per_kind=args.per_kind)))
     encoded = [tokenizer(t, return_tensors="pt").input_ids for t in texts]
     n = args.max_new_tokens
@@ -89,7 +99,8 @@ def main() -> None:
     print(f"{len(encoded)} prompts x {len(methods)} methods in {time.time() - start:.0f} s")
 
     context = int(statistics.median(ids.shape[1] for ids in encoded)) + n // 2
-    costs = {name: measure_costs(target, None if name == "prompt lookup" else d, context, ks)
+    costs = {name: measure_costs(target, None if name == "prompt lookup" else d, context,
+                                 [k + extra_rows.get(name, 0) for k in ks])
              for name, d in drafters.items()}
     result = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "max_new_tokens": n,
               "target_path": fast.path_name(target), "draft_path": fast.path_name(draft),
@@ -120,19 +131,21 @@ def main() -> None:
                 "identical": all(torch.equal(b["output"].sequences, r["output"].sequences) for b, r in zip(base, runs)),
                 "by_position": total.acceptance_by_position,
             }
-            c = costs[name]
-            figures["predicted"] = roofline.expected_speedup(total.acceptance_probability, k, c.cost_ratio,
-                                                             c.verify_costs[k])
+            c, verified = costs[name], k + extra_rows.get(name, 0)
+            # the i.i.d. model from a knows chains only; a tree is predicted from its tau
+            figures["predicted"] = None if name in extra_rows else roofline.expected_speedup(
+                total.acceptance_probability, k, c.cost_ratio, c.verify_costs[k])
             figures["predicted_from_tau"] = total.tokens_per_target_pass / (
-                total.draft_forward_calls_per_iteration * c.cost_ratio + c.verify_costs[k])
+                total.draft_forward_calls_per_iteration * c.cost_ratio + c.verify_costs[verified])
             entry[f"{name} k={k}"] = figures
         result["kinds"][kind] = entry
         print(f"\n{kind} ({len(rows)} prompts): baseline {entry['baseline_tokens_per_second']:.1f} tokens/s")
         for method in methods[1:]:
             f = entry[f"{method[0]} k={method[1]}"]
+            from_a = "" if f["predicted"] is None else (
+                f"{f['predicted']:.2f}x from a = {f['acceptance_probability']:.3f}; ")
             print(f"  {method[0]:16s} k={method[1]}: acceptance {f['acceptance_rate']:.3f}, tau {f['tau']:.2f}, "
-                  f"speedup {f['speedup']:.2f}x (predicted {f['predicted']:.2f}x from a = "
-                  f"{f['acceptance_probability']:.3f}; {f['predicted_from_tau']:.2f}x from tau), "
+                  f"speedup {f['speedup']:.2f}x (predicted {from_a}{f['predicted_from_tau']:.2f}x from tau), "
                   f"identical {f['identical']}; by position " + " ".join(f"{p:.2f}" for p in f["by_position"]))
         best = max((m for m in methods[1:] if m[0] == "eagle"), key=lambda m: entry[f"eagle k={m[1]}"]["speedup"])
         entry["eagle_best_k"] = best[1]

@@ -24,10 +24,16 @@ class Proposal:
     ``probs``: [n, V] the distribution each token was sampled from, for exact
     rejection sampling; ``None`` means the proposal was deterministic (greedy
     drafting, n-gram lookup), which the verifier treats as a one-hot q.
+    ``parents``: ``None`` for a chain (token i continues token i - 1), or, for a tree of
+    greedy drafts, [n] the index in ``tokens`` of each token's parent (-1: it continues the
+    sequence itself), parents listed before their children and siblings distinct. One
+    verification pass reads the whole tree (each token attends to the sequence and its own
+    ancestors); the longest branch the target agrees with is kept.
     """
 
     tokens: torch.LongTensor
     probs: torch.Tensor | None = None
+    parents: torch.LongTensor | None = None
     forward_calls: int = 0
     # Optional split of the drafting time, e.g. {"decode": s, "encode": s, "align": s}.
     seconds: dict[str, float] = field(default_factory=dict)

@@ -167,6 +167,12 @@ class EagleDrafter:
     ``draft_vocab``: the target ids the head may propose (sorted or not), or ``None`` for
     the whole vocabulary. The head's LM head is the target's, cut to those rows.
     ``min_confidence`` ends a draft after a token the head gives less than that probability.
+    ``first_candidates``: when greedy, propose the head's best ``first_candidates`` tokens for
+    the first position, not only its best: the chain goes on from the best, the others are
+    leaves of a small tree the target verifies in the same pass (EAGLE-2 and Medusa verify
+    larger trees). Worth it where one more verified token costs less than the acceptance it
+    adds: on held-out continuations ``zoo:smollm2-eagle``'s best two tokens hold SmolLM2's next
+    one 0.67 / 0.79 / 0.62 of the time (prose / code / chat), its best 0.55 / 0.68 / 0.49.
 
     The head keeps its own cache: entry i was computed from (x_{i+1}, f_i). Entries from
     the target's features are kept; those from predicted features (the drafts) are rolled
@@ -176,10 +182,12 @@ class EagleDrafter:
     reads_target_features = True
 
     def __init__(self, head: EagleHead, target: nn.Module, draft_vocab: torch.LongTensor | None = None,
-                 min_confidence: float | None = None) -> None:
+                 min_confidence: float | None = None, first_candidates: int = 1) -> None:
         from .drafters import check_min_confidence
 
         check_min_confidence(min_confidence)
+        if not isinstance(first_candidates, int) or first_candidates < 1:
+            raise ValueError(f"first_candidates must be an integer >= 1, got {first_candidates!r}")
         self.target = target
         self.embed = target.get_input_embeddings()
         lm_weight = target.get_output_embeddings().weight
@@ -192,11 +200,12 @@ class EagleDrafter:
             self.head, self.lm_head = fast.fast_layers(head), fast.fast_layers(self.lm_head)
         self.vocab_size = lm_weight.shape[0]
         self.min_confidence = min_confidence
+        self.first_candidates = first_candidates
         self.start(torch.zeros(1, dtype=torch.long), 0)
 
     def for_target(self, target: nn.Module) -> EagleDrafter:
         """The same head drafting for another version of its target (the fast one of :func:`specdec_ref.fast.prepare`)."""
-        return EagleDrafter(self.head, target, self.draft_vocab, self.min_confidence)
+        return EagleDrafter(self.head, target, self.draft_vocab, self.min_confidence, self.first_candidates)
 
     def start(self, prompt: torch.LongTensor, max_new_tokens: int) -> None:
         if max_new_tokens:
@@ -226,7 +235,7 @@ class EagleDrafter:
         ids = tokens[self.cached + 1:].to(self.embed.weight.device)
         features = pending.to(dtype)[None]
         position = self.cached
-        drafts, probs = [], []
+        drafts, probs, siblings = [], [], []
         for step in range(max_tokens):
             positions = torch.arange(position, position + ids.numel(), device=features.device)
             past = None if self.keys is None else (self.keys, self.values)
@@ -238,6 +247,8 @@ class EagleDrafter:
             position += ids.numel()
             logits = self.lm_head(predicted[0, -1:])[0]
             token, q = self.choose(logits, sampler)
+            if step == 0 and sampler.greedy and self.first_candidates > 1:
+                siblings = self.to_target(logits.topk(min(self.first_candidates, logits.numel())).indices[1:])
             drafts.append(token)
             if q is not None:
                 probs.append(q)
@@ -247,19 +258,25 @@ class EagleDrafter:
                 if confidence < self.min_confidence:
                     break
             ids, features = token.view(1), predicted[:, -1:]
-        return Proposal(torch.stack(drafts).to(tokens.device), torch.stack(probs) if probs else None,
-                        forward_calls=len(drafts))
+        chain = torch.stack(drafts)
+        if len(siblings):  # the chain, then the other first candidates: children of the last token
+            parents = torch.cat([torch.arange(-1, len(drafts) - 1), torch.full((len(siblings),), -1)])
+            return Proposal(torch.cat([chain, siblings]).to(tokens.device), parents=parents, forward_calls=len(drafts))
+        return Proposal(chain.to(tokens.device), torch.stack(probs) if probs else None, forward_calls=len(drafts))
 
     def choose(self, logits: torch.Tensor, sampler: Sampler) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The draft token (a target id) and, when sampling, q over the full target vocabulary."""
         if sampler.greedy:
-            best = logits.argmax()
-            return (best if self.draft_vocab is None else self.draft_vocab[best]), None
+            return self.to_target(logits.argmax()), None
         if self.draft_vocab is not None:
             full = logits.new_full((self.vocab_size,), float("-inf"))
             logits = full.index_copy(0, self.draft_vocab, logits)
         q = sampler.probs(logits)
         return sampler.sample(q), q
+
+    def to_target(self, indices: torch.Tensor) -> torch.Tensor:
+        """Target ids of rows of the head's LM head."""
+        return indices if self.draft_vocab is None else self.draft_vocab[indices]
 
     def rewind(self, positions: int) -> None:
         """Forget the head's entries from ``positions`` on; their features must be passed again."""

@@ -113,3 +113,19 @@ def rollback(cache: Cache, length: int) -> None:
     if excess > 0:
         # A negative argument means "remove this many" in every transformers 4.x/5.x release.
         cache.crop(-excess)
+
+
+def keep_positions(cache: Cache, start: int, sources: list[int]) -> None:
+    """Move the entries at ``sources`` (increasing, each at or after its destination) to
+    ``start``, ``start + 1``, ...: the accepted branch of a tree of drafts made contiguous,
+    so that a :func:`rollback` to ``start + len(sources)`` keeps exactly it."""
+    destinations = list(range(start, start + len(sources)))
+    if sources == destinations:
+        return
+    for layer in cache.layers:
+        if type(layer) not in (DynamicLayer, PreallocatedLayer):
+            raise TypeError(f"tree drafts need full-attention cache layers; this cache has a {type(layer).__name__}")
+        src = torch.tensor(sources, device=layer.keys.device)
+        # advanced indexing reads a copy first, so an entry moved earlier is never read after it is overwritten
+        layer.keys[:, :, start : start + len(sources)] = layer.keys[:, :, src]
+        layer.values[:, :, start : start + len(sources)] = layer.values[:, :, src]

@@ -14,7 +14,7 @@ import torch
 
 from .drafters import Drafter, ModelDrafter
 from .inputs import check_request, clock, eos_ids
-from .kv_cache import new_cache, rollback
+from .kv_cache import keep_positions, new_cache, rollback
 from .sampling import Sampler
 from .stats import GenerationOutput, GenerationStats
 from .tokenizer_compat import compare_tokenizers
@@ -88,6 +88,46 @@ def accept_sampled(
     return num_accepted, sampler.sample(residual)
 
 
+def tree_depths(parents: list[int]) -> list[int]:
+    """Each node's depth in a tree of drafts (1 for a child of the sequence's last token)."""
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    return depths
+
+
+def tree_verification_inputs(parents: list[int], cached: int, dtype: torch.dtype,
+                             device: torch.device) -> dict[str, torch.Tensor]:
+    """The ``attention_mask`` and ``position_ids`` of one target pass over [last token, tree]
+    on a cache of ``cached`` positions: every node reads the cache, the last token, its
+    ancestors and itself, at the position its depth gives (siblings share one)."""
+    n = len(parents)
+    reads = torch.eye(n + 1, dtype=torch.bool, device=device)
+    reads[:, 0] = True
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            reads[i + 1] |= reads[parent + 1]
+    allowed = torch.cat([reads.new_ones(n + 1, cached), reads], dim=1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+    positions = torch.tensor([0, *tree_depths(parents)], device=device) + cached
+    return {"attention_mask": mask[None, None], "position_ids": positions[None]}
+
+
+def accept_greedy_tree(logits: torch.Tensor, drafts: torch.LongTensor, parents: list[int]) -> tuple[list[int], int]:
+    """Greedy verdict on a tree: from the last token, step to the child the target's argmax
+    names while there is one. ``logits``: [n + 1, V] (row 0 the last token's, row i + 1 node
+    i's). Returns the accepted nodes, root to tip, and the target's token after them."""
+    target_tokens = logits.argmax(dim=-1).tolist()
+    children: dict[int, dict[int, int]] = {}
+    for node, (parent, token) in enumerate(zip(parents, drafts.tolist())):
+        children.setdefault(parent, {})[token] = node
+    path, node = [], -1
+    while (child := children.get(node, {}).get(target_tokens[node + 1])) is not None:
+        path.append(child)
+        node = child
+    return path, target_tokens[node + 1]
+
+
 def speculative_step(
     target: torch.nn.Module,
     cache,
@@ -109,36 +149,60 @@ def speculative_step(
     proposal = drafter.propose(tokens[:length], max_drafts, sampler)
     drafts = proposal.tokens.to(tokens.device)
     n = drafts.numel()
-    if n > max_drafts:
-        raise ValueError(f"{type(drafter).__name__}.propose returned {n} tokens; it was asked for at most {max_drafts}")
-    tokens[length : length + n] = drafts
+    parents = None if proposal.parents is None or n == 0 else proposal.parents.tolist()
+    depth = n if parents is None else max(tree_depths(parents))
+    if depth > max_drafts:
+        raise ValueError(
+            f"{type(drafter).__name__}.propose drafted {depth} tokens ahead; it was asked for at most {max_drafts}")
+    if parents is None:
+        tokens[length : length + n] = drafts
+    elif not sampler.greedy:
+        raise ValueError("a tree of drafts is verified greedily only; when sampling, propose a chain")
     t1 = now()
 
     # 2. Verify: one target pass over [last token, d1..dn] gives the target's
     #    distribution after every prefix: n + 1 positions. (Asking for all n + 1 by
     #    number gives a pass with no drafts a decode step's shape, for compiled models.)
     #    A drafter that reads the target's features gets them from this same pass.
+    #    A tree of drafts goes in as one sequence under a mask that lets each read only its branch.
     reads_features = getattr(drafter, "reads_target_features", False)
-    verified = target(tokens[None, length - 1 : length + n], past_key_values=cache, use_cache=True,
-                      logits_to_keep=n + 1, output_hidden_states=reads_features)
+    if parents is None:
+        inputs, tree = tokens[None, length - 1 : length + n], {}
+    else:
+        inputs = torch.cat([tokens[length - 1 : length], drafts])[None]
+        tree = tree_verification_inputs(parents, length - 1, target.dtype, tokens.device)
+    verified = target(inputs, past_key_values=cache, use_cache=True, logits_to_keep=n + 1,
+                      output_hidden_states=reads_features, **tree)
     logits = verified.logits[0]
     t2 = now()
 
     # 3. Accept: the longest agreeing prefix, then the target's own token (the
     #    correction at the first disagreement, or the bonus token if all n agree).
-    if sampler.greedy:
-        num_accepted, next_token = accept_greedy(logits, drafts)
+    #    In a tree: the longest agreeing branch.
+    if parents is not None:
+        path, next_token = accept_greedy_tree(logits, drafts, parents)
+        num_accepted = len(path)
+        tokens[length : length + num_accepted] = drafts[path]
+        rejected = (path[-1] if path else -1) in parents  # the branch stopped where it had children
     else:
-        q = None if proposal.probs is None else proposal.probs.to(logits.device)
-        num_accepted, next_token = accept_sampled(sampler.probs(logits), drafts, q, sampler)
-    num_accepted = int(num_accepted)
+        if sampler.greedy:
+            num_accepted, next_token = accept_greedy(logits, drafts)
+        else:
+            q = None if proposal.probs is None else proposal.probs.to(logits.device)
+            num_accepted, next_token = accept_sampled(sampler.probs(logits), drafts, q, sampler)
+        num_accepted = int(num_accepted)
+        rejected = num_accepted < n
     tokens[length + num_accepted] = next_token
     new_length = length + num_accepted + 1
 
-    # 4. Roll back: the target cache read all n drafts; keep only the accepted ones.
+    # 4. Roll back: the target cache read all n drafts; keep only the accepted ones
+    #    (a tree's accepted branch first moved up to follow the last token).
+    if parents is not None:
+        keep_positions(cache, length, [length + node for node in path])
     rollback(cache, new_length - 1)
     if reads_features:  # the features of the positions the cache keeps: the last token and the accepted drafts
-        drafter.update(tokens[:new_length], num_accepted, verified.hidden_states[-1][0, : num_accepted + 1])
+        rows = slice(0, num_accepted + 1) if parents is None else [0, *(node + 1 for node in path)]
+        drafter.update(tokens[:new_length], num_accepted, verified.hidden_states[-1][0, rows])
     else:
         drafter.update(tokens[:new_length], num_accepted)
 
@@ -147,7 +211,7 @@ def speculative_step(
     stats.draft_forward_calls += proposal.forward_calls
     stats.drafted_tokens += n
     stats.accepted_tokens += num_accepted
-    stats.rejections += num_accepted < n
+    stats.rejections += rejected
     if n:
         stats.accepted_histogram[num_accepted] += 1
     stats.draft_seconds += t1 - t0

@@ -68,7 +68,7 @@ class Recording(EagleDrafter):
     def propose(self, tokens, max_tokens, sampler):
         proposal = super().propose(tokens, max_tokens, sampler)
         if self.cached and max_tokens and sampler.greedy:
-            fresh = EagleDrafter(self.head, self.target, self.draft_vocab)
+            fresh = EagleDrafter(self.head, self.target, self.draft_vocab, first_candidates=self.first_candidates)
             fresh.start(tokens, 0)
             fresh.update(tokens, 0, torch.cat(self.received))
             again = fresh.propose(tokens, max_tokens, sampler)
@@ -105,13 +105,16 @@ def test_held_out_agreement_counts_only_the_scored_positions(target_and_head):
     assert all(right_part <= right for (right_part, _), (right, _) in zip(part, whole))
 
 
+@pytest.mark.parametrize("first_candidates", [1, 3])
 @pytest.mark.parametrize("k", [1, 3, 6])
 @pytest.mark.parametrize("prompt_len", [1, 2, 12])
-def test_greedy_identity_feature_handoff_and_rollback(target_and_head, k, prompt_len):
+def test_greedy_identity_feature_handoff_and_rollback(target_and_head, k, prompt_len, first_candidates):
+    """Chains, and trees (the head's best 3 first tokens): the features handed over are those
+    of the accepted branch, moved up in the target's cache to follow the sequence."""
     target, head, _, sequences = target_and_head
     ids = sequences[prompt_len][None, :prompt_len]
     expected = greedy_reference(target, ids, 40)
-    drafter = Recording(head, target)
+    drafter = Recording(head, target, first_candidates=first_candidates)
     out = speculative_generate(target, drafter, ids, max_new_tokens=40, num_draft_tokens=k, eos_token_id=[])
     assert torch.equal(out.sequences, expected), f"k={k}, prompt of {prompt_len}"
     # The features handed over are the target's own, one per position its cache holds, in order.
@@ -121,11 +124,36 @@ def test_greedy_identity_feature_handoff_and_rollback(target_and_head, k, prompt
     assert torch.allclose(received, full, atol=1e-4)
     stats = out.stats
     assert stats.target_forward_calls == stats.iterations + (prompt_len > 1)  # no extra target pass
-    assert stats.draft_forward_calls == stats.drafted_tokens
+    assert stats.draft_forward_calls == stats.drafted_tokens - (first_candidates - 1) * sum(stats.accepted_histogram)
     assert drafter.iterations_checked >= stats.iterations - 2
     if k > 1 and prompt_len >= 6:  # accepted along its training sequence (a 6-token prompt's), rejected past its end
         assert stats.tokens_per_target_pass > 1.5
         assert stats.rejections > 0
+
+
+def test_first_candidates_are_the_heads_next_best_and_only_when_greedy(target_and_head):
+    """With first_candidates=3 a greedy proposal is the chain, then the head's second and third
+    choices for the first position (children of the last token, within the draft vocabulary);
+    a sampled proposal stays a chain (its q is exact for one token per position)."""
+    target, head, _, sequences = target_and_head
+    ids = sequences[4][:10]
+    vocab = torch.arange(0, target.config.vocab_size, 2)
+    tree, chain = EagleDrafter(head, target, vocab, first_candidates=3), EagleDrafter(head, target, vocab)
+    features = target(ids[None, :-1], output_hidden_states=True).hidden_states[-1][0]
+    for drafter in (tree, chain):
+        drafter.start(ids, 8)
+        drafter.update(ids, 0, features)
+    proposal, plain = tree.propose(ids, 4, Sampler()), chain.propose(ids, 4, Sampler())
+    assert proposal.parents.tolist() == [-1, 0, 1, 2, -1, -1]
+    assert torch.equal(proposal.tokens[:4], plain.tokens) and proposal.forward_calls == 4
+    predicted, _ = head(tree.embed(ids[1:])[None], features[None], torch.arange(9))
+    assert proposal.tokens[[0, 4, 5]].tolist() == vocab[tree.lm_head(predicted[0, -1]).topk(3).indices].tolist()
+    tree.start(ids, 8)
+    tree.update(ids, 0, features)
+    sampled = tree.propose(ids, 4, Sampler(do_sample=True, generator=torch.Generator().manual_seed(0)))
+    assert sampled.parents is None and sampled.tokens.numel() == 4 and sampled.probs.shape[0] == 4
+    with pytest.raises(ValueError, match="first_candidates must be an integer >= 1"):
+        EagleDrafter(head, target, first_candidates=0)
 
 
 def test_every_acceptance_length_occurs(target_and_head):

@@ -96,3 +96,38 @@ def test_loops_on_caches_that_outgrow_their_buffers_stay_exact(family):
         assert torch.equal(out.sequences, expected), name
     stats = runs["draft model"].stats
     assert stats.accepted_tokens > 0 and stats.rejections > 0  # both kinds of rollback ran
+
+
+@pytest.mark.parametrize("layer_type", [DynamicLayer, PreallocatedLayer])
+def test_keep_positions_moves_a_branch_up_and_a_rollback_keeps_it(layer_type):
+    """After a tree verification the accepted branch's entries (here 5, 7 and 8, after 4 cached
+    positions) are moved to 4, 5, 6, in both kinds of layer; earlier entries are untouched."""
+    from transformers import DynamicCache
+
+    from specdec_ref.kv_cache import keep_positions
+
+    cache = DynamicCache()
+    cache.layers = [layer_type(16) if layer_type is PreallocatedLayer else layer_type() for _ in range(2)]
+    for index, layer in enumerate(cache.layers):
+        layer.update(*states(10, seed=index))
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    keep_positions(cache, 4, [5, 7, 8])
+    rollback(cache, 7)
+    for (keys, values), layer in zip(before, cache.layers):
+        assert torch.equal(layer.keys, keys[:, :, [0, 1, 2, 3, 5, 7, 8]])
+        assert torch.equal(layer.values, values[:, :, [0, 1, 2, 3, 5, 7, 8]])
+    keep_positions(cache, 7, [])  # nothing accepted: nothing moves
+    assert cache.get_seq_length() == 7
+
+
+def test_keep_positions_refuses_a_sliding_window_layer():
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    from specdec_ref.kv_cache import keep_positions
+
+    cache = DynamicCache()
+    cache.layers = [DynamicSlidingWindowLayer(sliding_window=8)]
+    cache.layers[0].update(*states(6, seed=0))
+    with pytest.raises(TypeError, match="tree drafts need full-attention cache layers"):
+        keep_positions(cache, 2, [3, 5])

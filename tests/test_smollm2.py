@@ -241,6 +241,27 @@ def test_the_shipped_eagle_head_drafts_for_smollm2(kind):
                        autoregressive_generate(pair.target, one, 16).sequences)
 
 
+def test_the_shipped_head_drafts_a_tree_on_the_fast_path():
+    """The head's best two first tokens, verified in one pass of the fast SmolLM2 (its GGUF
+    kernels, grouped-query attention under the tree's mask, preallocated cache): the fast
+    SmolLM2's own greedy output, with EOS and from a one-token prompt, and more tokens per
+    pass than the chain on the same prompt."""
+    from specdec_ref.eagle import EagleDrafter
+    from specdec_ref.zoo import load_eagle
+
+    target, tokenizer = load("zoo:smollm2", fast=True)
+    head, vocab = load_eagle("zoo:smollm2-eagle")
+    ids = tokenizer(heldout_prompts(tokenizer, per_kind=2)["chat"][1], return_tensors="pt").input_ids
+    tree, chain = (EagleDrafter(head, target, vocab, first_candidates=m) for m in (2, 1))
+    for eos, one in ((None, ids), ([], ids), (None, ids[:, :1])):
+        expected = autoregressive_generate(target, one, 64, eos_token_id=eos).sequences
+        out = speculative_generate(target, tree, one, max_new_tokens=64, num_draft_tokens=2, eos_token_id=eos)
+        assert torch.equal(out.sequences, expected), (eos, one.shape)
+    plain = speculative_generate(target, chain, ids, max_new_tokens=64, num_draft_tokens=2, eos_token_id=[])
+    tree_run = speculative_generate(target, tree, ids, max_new_tokens=64, num_draft_tokens=2, eos_token_id=[])
+    assert tree_run.stats.tokens_per_target_pass > plain.stats.tokens_per_target_pass, (tree_run.stats, plain.stats)
+
+
 @pytest.mark.slow
 def test_the_bench_runs_the_eagle_head_eager_and_fast():
     """`bench --target zoo:smollm2 --draft zoo:smollm2-eagle` and its `--fast` side by side, shortened:

@@ -1,0 +1,161 @@
+"""Trees of drafts: one target pass verifies several branches, the longest agreeing one is kept."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from factories import build, prompt
+from specdec_ref import Proposal, speculative_generate
+from specdec_ref.kv_cache import new_cache, rollback
+from specdec_ref.speculative import accept_greedy_tree, tree_depths, tree_verification_inputs
+
+# A tree of 7 drafts: two branches from the last token (0 and 3), 0 -> 1 -> 2, 0 -> 6, 3 -> 4, 3 -> 5.
+PARENTS = [-1, 0, 1, -1, 3, 3, 0]
+
+
+def branch(parents: list[int], node: int) -> list[int]:
+    """The nodes from the root's child down to ``node``."""
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
+def test_depths_mask_and_positions_by_hand():
+    assert tree_depths(PARENTS) == [1, 2, 3, 1, 2, 2, 2]
+    inputs = tree_verification_inputs(PARENTS, cached=3, dtype=torch.float32, device=torch.device("cpu"))
+    readable = inputs["attention_mask"][0, 0] == 0
+    assert readable.shape == (8, 3 + 8)
+    assert readable[:, :4].all()  # everyone reads the cache and the last token
+    for node in range(len(PARENTS)):
+        expected = {0, *(n + 1 for n in branch(PARENTS, node))}
+        assert set(readable[node + 1, 3:].nonzero().flatten().tolist()) == expected, node
+    assert inputs["position_ids"].tolist() == [[3, 4, 5, 6, 4, 5, 5, 5]]
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "qwen2"])
+def test_a_tree_pass_gives_each_node_what_its_branch_alone_gives(family):
+    """Rotary (llama, qwen2 with grouped heads) and learned (gpt2) positions: the tree pass's
+    logits at every node equal a plain pass over its branch on the same cache."""
+    model = build(family, 64, 2, seed=3)
+    ids = prompt(9, seed=4)
+    drafts = torch.randint(0, model.config.vocab_size, (len(PARENTS),), generator=torch.Generator().manual_seed(5))
+    cache = new_cache(model)
+    model(ids[:, :-1], past_key_values=cache, use_cache=True)
+    tree = tree_verification_inputs(PARENTS, 8, model.dtype, ids.device)
+    logits = model(torch.cat([ids[0, -1:], drafts])[None], past_key_values=cache, use_cache=True, **tree).logits[0]
+    for node in range(len(PARENTS)):
+        rollback(cache, 8)
+        alone = model(torch.cat([ids[0, -1:], drafts[branch(PARENTS, node)]])[None], past_key_values=cache,
+                      use_cache=True).logits[0, -1]
+        assert torch.allclose(logits[node + 1], alone, atol=1e-4), (family, node)
+
+
+def test_accept_greedy_tree_follows_the_target_by_hand():
+    vocab = 10
+
+    def logits_for(argmaxes: list[int]) -> torch.Tensor:
+        return torch.nn.functional.one_hot(torch.tensor(argmaxes), vocab).float()
+
+    drafts = torch.tensor([5, 6, 7, 8, 9, 1, 2])  # the tokens of PARENTS' nodes
+    # the target after the last token says 8 (node 3), after node 3 says 1 (node 5), after node 5 says 4
+    path, token = accept_greedy_tree(logits_for([8, 0, 0, 0, 1, 0, 4, 0]), drafts, PARENTS)
+    assert (path, token) == ([3, 5], 4)
+    path, token = accept_greedy_tree(logits_for([5, 6, 7, 3, 0, 0, 0, 0]), drafts, PARENTS)
+    assert (path, token) == ([0, 1, 2], 3)  # the whole deepest branch, then the bonus token
+    path, token = accept_greedy_tree(logits_for([4, 6, 7, 3, 0, 0, 0, 0]), drafts, PARENTS)
+    assert (path, token) == ([], 4)  # no child of the last token agrees
+
+
+class ScriptedTree:
+    """A tree drafter that knows the target's greedy continuation: each iteration drafts a
+    random tree (up to 6 nodes), each node the right token with probability 1/2 where its
+    branch is right so far, a wrong one otherwise (siblings distinct). So the agreeing
+    branch is sometimes the first, sometimes a later one, sometimes none."""
+
+    def __init__(self, continuation: torch.LongTensor, vocab: int, seed: int) -> None:
+        self.continuation, self.vocab, self.rng = continuation, vocab, random.Random(seed)
+        self.accepted_later_branch = 0
+
+    def start(self, prompt, max_new_tokens):
+        self.proposals = []
+
+    def propose(self, tokens, max_tokens, sampler):
+        if max_tokens == 0:
+            return Proposal(tokens.new_empty(0))
+        parents, values, right = [], [], []
+        for node in range(self.rng.randint(1, 6)):
+            candidates = [-1] + [n for n in range(node) if tree_depths(parents)[n] < max_tokens]
+            parent = self.rng.choice(candidates)
+            depth = 1 if parent < 0 else tree_depths(parents)[parent] + 1
+            truth = int(self.continuation[tokens.numel() + depth - 1])
+            taken = {values[n] for n in range(node) if parents[n] == parent}
+            is_right = (parent < 0 or right[parent]) and truth not in taken and self.rng.random() < 0.5
+            value = truth if is_right else self.rng.choice([t for t in range(self.vocab) if t != truth and t not in taken])
+            parents.append(parent)
+            values.append(value)
+            right.append(is_right)
+        self.proposals.append((parents, values))
+        return Proposal(torch.tensor(values), parents=torch.tensor(parents))
+
+    def update(self, tokens, num_accepted):
+        parents, values = self.proposals[-1]
+        first_children = [n for n, p in enumerate(parents) if p < 0]
+        if num_accepted and int(tokens[-num_accepted - 1]) != values[first_children[0]]:
+            self.accepted_later_branch += 1
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("prompt_len", [1, 9])
+def test_random_trees_keep_greedy_identity(family_pair, k, prompt_len):
+    family, target, _, _ = family_pair
+    ids = prompt(prompt_len, seed=prompt_len)
+    expected = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False,
+                               pad_token_id=0, eos_token_id=[])
+    drafter = ScriptedTree(expected[0], target.config.vocab_size, seed=k)
+    out = speculative_generate(target, drafter, ids, max_new_tokens=40, num_draft_tokens=k, eos_token_id=[])
+    assert torch.equal(out.sequences, expected), (family, k, prompt_len)
+    stats = out.stats
+    assert stats.target_forward_calls == stats.iterations + (prompt_len > 1)
+    assert stats.drafted_tokens == sum(len(p) for p, _ in drafter.proposals)
+    assert stats.tokens_per_target_pass > 1.2 and drafter.accepted_later_branch > 0
+
+
+def test_eos_inside_an_accepted_branch_stops_there(family_pair):
+    _, target, _, _ = family_pair
+    ids = prompt(5, seed=11)
+    free = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30, do_sample=False,
+                           pad_token_id=0, eos_token_id=[])
+    eos = int(free[0, ids.shape[1] + 12])
+    expected = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30, do_sample=False,
+                               pad_token_id=0, eos_token_id=eos)
+    out = speculative_generate(target, ScriptedTree(free[0], target.config.vocab_size, seed=0), ids,
+                               max_new_tokens=30, num_draft_tokens=3, eos_token_id=eos)
+    assert torch.equal(out.sequences, expected) and out.sequences[0, -1] == eos
+
+
+class OneTree:
+    def __init__(self, parents: list[int]) -> None:
+        self.parents = parents
+
+    def start(self, prompt, max_new_tokens):
+        pass
+
+    def propose(self, tokens, max_tokens, sampler):
+        return Proposal(torch.arange(len(self.parents)) + 3, parents=torch.tensor(self.parents))
+
+    def update(self, tokens, num_accepted):
+        pass
+
+
+def test_a_tree_when_sampling_or_deeper_than_asked_is_refused(family_pair):
+    _, target, _, _ = family_pair
+    ids = prompt(4, seed=0)
+    with pytest.raises(ValueError, match="a tree of drafts is verified greedily only"):
+        speculative_generate(target, OneTree([-1, -1]), ids, max_new_tokens=8, num_draft_tokens=2,
+                             do_sample=True, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="drafted 3 tokens ahead; it was asked for at most 2"):
+        speculative_generate(target, OneTree([-1, 0, 1, -1]), ids, max_new_tokens=8, num_draft_tokens=2)
