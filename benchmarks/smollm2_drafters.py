@@ -23,8 +23,9 @@ GGUF codes), and the baseline is that fast SmolLM2. ``--eagle-min-confidence P``
 once more, ending each draft after a token it gives less than probability P (at most k drafts).
 ``--eagle-first-candidates M`` adds the head once more, proposing its best M tokens for the
 first position (the chain goes on from the best; a tree of k + M - 1 drafts, verified in one
-pass and predicted from its tau with v(k + M - 1)). ``--eagle HEAD`` (repeatable) names the heads to run, a zoo name or a folder the recipe wrote: a
-retrained head set beside the shipped one on the same prompts, in the same run.
+pass and predicted from its tau with v(k + M - 1)). ``--eagle HEAD`` (repeatable) names the
+heads to run, a zoo name or a folder the recipe wrote: a retrained head set beside the shipped
+one on the same prompts, in the same run.
 """
 from __future__ import annotations
 

@@ -218,6 +218,8 @@ def test_the_eagle_recipe_runs_end_to_end(tmp_path):
     # `--evaluate HEAD...`: saved heads scored on the held-out continuations, first and second draft
     scores = evaluate([out / "smollm2-eagle"], per_kind=1, new_tokens=4)[str(out / "smollm2-eagle")]
     assert list(scores) == list(KINDS) and all(len(s) == 2 and 0 <= min(s) <= max(s) <= 1 for s in scores.values())
+    best_two = evaluate([out / "smollm2-eagle"], per_kind=1, new_tokens=4, best_of=2)[str(out / "smollm2-eagle")]
+    assert all(two >= one for kind in KINDS for one, two in zip(scores[kind], best_two[kind])), (scores, best_two)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -94,7 +94,8 @@ class ScriptedTree:
             truth = int(self.continuation[tokens.numel() + depth - 1])
             taken = {values[n] for n in range(node) if parents[n] == parent}
             is_right = (parent < 0 or right[parent]) and truth not in taken and self.rng.random() < 0.5
-            value = truth if is_right else self.rng.choice([t for t in range(self.vocab) if t != truth and t not in taken])
+            wrong = [t for t in range(self.vocab) if t != truth and t not in taken]
+            value = truth if is_right else self.rng.choice(wrong)
             parents.append(parent)
             values.append(value)
             right.append(is_right)

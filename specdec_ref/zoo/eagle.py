@@ -353,9 +353,9 @@ def shuffled_batches(data: list[Features], batch_tokens: int, seed: int) -> list
 
 
 def head_losses(head: EagleHead, embed: torch.nn.Module, lm_weight: torch.Tensor, to_draft: torch.Tensor,
-                batch: Batch, ce_weight: float = 1.0) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+                batch: Batch, ce_weight: float = 1.0, best_of: int = 1) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     """Two drafting steps over a batch; returns the mean loss per real position and, per step,
-    (correct, counted).
+    (correct, counted): correct where the target's token is among the head's ``best_of`` best.
 
     Step 1 reads the target's feature f_i with token x_{i+1} and predicts f_{i+1}. Step 2
     reads step 1's prediction instead, as the second draft does: its query attends to the
@@ -387,17 +387,19 @@ def head_losses(head: EagleHead, embed: torch.nn.Module, lm_weight: torch.Tensor
         n = counted.sum().clamp_min(1)
         loss = loss + (l1 * counted).sum() / n + ce_weight * (ce * (counted & (target_ids >= 0))).sum() / n
         scored = counted & (torch.arange(first + 1, t + 1)[None, :] >= batch.scored_from[:, None])
-        stats.append((int(((logits.argmax(-1) == target_ids) & scored).sum()), int(scored.sum())))
+        best = logits.topk(best_of, dim=-1).indices
+        stats.append((int(((best == target_ids[..., None]).any(-1) & scored).sum()), int(scored.sum())))
     return loss, stats
 
 
 @torch.no_grad()
-def agreement(head: EagleHead, embed, lm_weight, to_draft, data: list[Features]) -> list[float]:
+def agreement(head: EagleHead, embed, lm_weight, to_draft, data: list[Features], best_of: int = 1) -> list[float]:
     """Held-out share of positions where the head's first and second draft would be accepted
     greedily given a correct prefix (the target's own token), counted from each sequence's
-    ``scored_from``."""
+    ``scored_from``. ``best_of=2``: where the target's token is one of the head's best two
+    (what a tree with two candidates per position could accept)."""
     head.eval()
-    _, stats = head_losses(head, embed, lm_weight, to_draft, collate(data))
+    _, stats = head_losses(head, embed, lm_weight, to_draft, collate(data), best_of=best_of)
     head.train()
     return [round(right / max(n, 1), 3) for right, n in stats]
 
@@ -572,9 +574,11 @@ def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DI
     return record
 
 
-def evaluate(heads: list[Path], per_kind: int = 8, new_tokens: int = 64) -> dict[str, dict[str, list[float]]]:
+def evaluate(heads: list[Path], per_kind: int = 8, new_tokens: int = 64, best_of: int = 1,
+             ) -> dict[str, dict[str, list[float]]]:
     """Held-out first- and second-draft agreement of saved heads, by kind, on the learning
-    curve's held-out set: heads trained on different data compared on one footing."""
+    curve's held-out set: heads trained on different data compared on one footing.
+    ``best_of=2`` counts a position where SmolLM2's token is one of the head's best two."""
     from specdec_ref.eagle import load_head
 
     target, tokenizer = load_target()
@@ -585,7 +589,8 @@ def evaluate(heads: list[Path], per_kind: int = 8, new_tokens: int = 64) -> dict
     for folder in heads:
         head, vocab = load_head(folder)
         to_draft, lm_weight = draft_lm_head(target, vocab)
-        out[str(folder)] = {kind: agreement(head, embed, lm_weight, to_draft, seqs) for kind, seqs in heldout.items()}
+        out[str(folder)] = {kind: agreement(head, embed, lm_weight, to_draft, seqs, best_of)
+                            for kind, seqs in heldout.items()}
     return out
 
 
@@ -612,9 +617,11 @@ def main() -> None:
                             "a later run trains on everything stored)")
     stage.add_argument("--evaluate", type=Path, nargs="+", metavar="HEAD",
                        help="print the held-out agreement of saved head folders, nothing trained")
+    parser.add_argument("--best-of", type=int, default=1, metavar="N",
+                        help="with --evaluate: count a position where SmolLM2's token is among the head's best N")
     args = parser.parse_args()
     if args.evaluate:
-        print(json.dumps(evaluate(args.evaluate), indent=2))
+        print(json.dumps(evaluate(args.evaluate, best_of=args.best_of), indent=2))
         return
     if args.only_generate is not None:
         print(json.dumps(grow_data(*load_target(), args.data, BUDGETS[args.budget], args.seed,
