@@ -152,8 +152,8 @@ def speculative_step(
     parents = None if proposal.parents is None or n == 0 else proposal.parents.tolist()
     depth = n if parents is None else max(tree_depths(parents))
     if depth > max_drafts:
-        raise ValueError(
-            f"{type(drafter).__name__}.propose drafted {depth} tokens ahead; it was asked for at most {max_drafts}")
+        drafted = f"returned {n} tokens" if parents is None else f"drafted {depth} tokens ahead"
+        raise ValueError(f"{type(drafter).__name__}.propose {drafted}; it was asked for at most {max_drafts}")
     if parents is None:
         tokens[length : length + n] = drafts
     elif not sampler.greedy:
