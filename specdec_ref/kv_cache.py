@@ -119,8 +119,7 @@ def keep_positions(cache: Cache, start: int, sources: list[int]) -> None:
     """Move the entries at ``sources`` (increasing, each at or after its destination) to
     ``start``, ``start + 1``, ...: the accepted branch of a tree of drafts made contiguous,
     so that a :func:`rollback` to ``start + len(sources)`` keeps exactly it."""
-    destinations = list(range(start, start + len(sources)))
-    if sources == destinations:
+    if sources == list(range(start, start + len(sources))):
         return
     for layer in cache.layers:
         if type(layer) not in (DynamicLayer, PreallocatedLayer):

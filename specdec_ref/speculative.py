@@ -109,7 +109,7 @@ def tree_verification_inputs(parents: list[int], cached: int, dtype: torch.dtype
             reads[i + 1] |= reads[parent + 1]
     allowed = torch.cat([reads.new_ones(n + 1, cached), reads], dim=1)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
-    positions = torch.tensor([0, *tree_depths(parents)], device=device) + cached
+    positions = reads.sum(dim=1) - 1 + cached  # a node's depth is the number of its ancestors
     return {"attention_mask": mask[None, None], "position_ids": positions[None]}
 
 

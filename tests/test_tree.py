@@ -86,11 +86,10 @@ class ScriptedTree:
     def propose(self, tokens, max_tokens, sampler):
         if max_tokens == 0:
             return Proposal(tokens.new_empty(0))
-        parents, values, right = [], [], []
+        parents, values, right, depths = [], [], [], []
         for node in range(self.rng.randint(1, 6)):
-            candidates = [-1] + [n for n in range(node) if tree_depths(parents)[n] < max_tokens]
-            parent = self.rng.choice(candidates)
-            depth = 1 if parent < 0 else tree_depths(parents)[parent] + 1
+            parent = self.rng.choice([-1] + [n for n in range(node) if depths[n] < max_tokens])
+            depth = 1 if parent < 0 else depths[parent] + 1
             truth = int(self.continuation[tokens.numel() + depth - 1])
             taken = {values[n] for n in range(node) if parents[n] == parent}
             is_right = (parent < 0 or right[parent]) and truth not in taken and self.rng.random() < 0.5
@@ -99,6 +98,7 @@ class ScriptedTree:
             parents.append(parent)
             values.append(value)
             right.append(is_right)
+            depths.append(depth)
         self.proposals.append((parents, values))
         return Proposal(torch.tensor(values), parents=torch.tensor(parents))
 
