@@ -34,12 +34,11 @@ def trained_head(target, ckpt: Path, sequences: list[torch.Tensor], seed: int = 
     budget = recipe.Budget(gen_batch=1, new_tokens=1, greedy_batches=0, greedy_minutes=0, sampled_batches=0,
                            sampled_minutes=0, code_prompts=0, extra_code_prompts=0,
                            draft_vocab=target.config.vocab_size, steps=steps, train_minutes=0, batch_tokens=256,
-                           lr=1e-2)
+                           lr=1e-2, eval_every_tokens=10**9)
     head = init_head(EagleConfig.for_target(target.config), seed)
     recipe.frozen_float(target)
     to_draft, lm_weight = recipe.draft_lm_head(target, None)
-    record = recipe.train_head(head, target, data, {"train": data[:4]}, to_draft, lm_weight, budget,
-                               ckpt, eval_every_tokens=10**9)
+    record = recipe.train_head(head, target, data, {"train": data[:4]}, to_draft, lm_weight, budget, ckpt)
     return head, record
 
 

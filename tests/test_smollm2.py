@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -179,7 +180,8 @@ def test_the_eagle_recipe_runs_end_to_end(tmp_path):
     adds continuations instead of regenerating them, and so does the generation stage alone."""
     from specdec_ref.eagle import EagleDrafter
     from specdec_ref.zoo import load_eagle
-    from specdec_ref.zoo.eagle import BUDGETS, build, evaluate, grow_data
+    from specdec_ref.zoo.eagle import (BUDGETS, build, chat_prompt, evaluate, file_continuations, grow_data,
+                                       prompt_sets)
 
     out, work, data = tmp_path / "zoo", tmp_path / "work", tmp_path / "data"
     out.mkdir()
@@ -220,6 +222,25 @@ def test_the_eagle_recipe_runs_end_to_end(tmp_path):
     assert list(scores) == list(KINDS) and all(len(s) == 2 and 0 <= min(s) <= max(s) <= 1 for s in scores.values())
     best_two = evaluate([out / "smollm2-eagle"], per_kind=1, new_tokens=4, best_of=2)[str(out / "smollm2-eagle")]
     assert all(two >= one for kind in KINDS for one, two in zip(scores[kind], best_two[kind])), (scores, best_two)
+    # the gpu budget's parts: prompts read from an --export-prompts file, files named after the
+    # budget's tag, and chat turns on questions SmolLM2 wrote itself
+    prompts_file = tmp_path / "prompts.json"
+    prompts_file.write_text(json.dumps({"train": ["def is_even(n):", "The moon is"], "heldout": {"prose": ["A"]}}))
+    texts, held = prompt_sets(tokenizer, BUDGETS["tiny"], path=prompts_file)
+    assert held == {"prose": ["A"]}
+    tagged = replace(BUDGETS["tiny"], tag="gpu", greedy_batches=None, instruct_minutes=0.001)
+    grow_data(target, tokenizer, data, tagged, texts=texts)
+    assert sorted(p.name for p in data.glob("*-gpu-*")) == [
+        "greedy-gpu-00000.npz", "instruct-gpu-00000.npz", "sampled-gpu-00000.npz"]
+    assert len(list(data.glob("sampled-[0-9]*"))) == 3  # the untagged parts are counted apart
+    greedy = file_continuations(data / "greedy-gpu-00000.npz")
+    assert [tokenizer.decode(ids[:n]) for ids, n in greedy] == texts * 2
+    asked = file_continuations(data / "instruct-gpu-00000.npz")
+    for ids, n in asked:
+        prompt = tokenizer.decode(ids[:n])
+        question = prompt.split("<|im_start|>user\n")[1].split("<|im_end|>")[0]
+        assert question.strip() and prompt == chat_prompt(tokenizer, question) and len(ids) > n
+    assert len({tokenizer.decode(ids[:n]) for ids, n in asked}) == len(asked) > 0  # sampled: each its own
 
 
 @pytest.mark.parametrize("kind", KINDS)

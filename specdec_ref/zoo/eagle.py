@@ -5,6 +5,8 @@
     python -m specdec_ref.zoo.eagle --no-generate --init zoo/smollm2-eagle --train-minutes 90 --lr 3e-4
                                                            # the shipped head trained further
     python -m specdec_ref.zoo.eagle --evaluate zoo/smollm2-eagle   # held-out agreement of saved heads
+    python -m specdec_ref.zoo.eagle --export-prompts prompts.json  # then, on a machine with a GPU:
+    python -m specdec_ref.zoo.eagle --budget gpu --device cuda --prompts prompts.json --init zoo/smollm2-eagle --lr 3e-4
 
 EAGLE (Li et al. 2024, arXiv:2401.15077) drafts from the target's last hidden state
 instead of from tokens alone: one decoder layer takes (feature at t, embedding of token
@@ -18,7 +20,9 @@ Stages (each resumes where it stopped):
                     prompts only the head trains on (``training_prompts``), as token
                     ids, one file per batch in ``zoo/data/smollm2-continuations/``.
                     They are committed, so the data set grows across sessions: a rerun
-                    generates only what its budget adds.
+                    generates only what its budget adds. The ``gpu`` budget adds sampled
+                    continuations and chat turns on questions SmolLM2 wrote itself
+                    (``instruct-gpu-*``), in files named after the budget's tag.
   2. features       one batched SmolLM2 prefill per chunk of sequences gives the feature
                     (last hidden state, after the final norm) at every position, and the
                     target's greedy token after it; kept in ``--work``, one file per
@@ -30,7 +34,9 @@ Stages (each resumes where it stopped):
   4. save           bfloat16 weights (the head only: embedding and LM head are SmolLM2's),
                     the draft vocabulary, a vLLM-loadable copy, checksums in manifest.json.
 
-Budgets are wall-clock minutes (``full``) or counts (``tiny``, for the test).
+Budgets are wall-clock minutes (``full``, ``gpu``) or counts (``tiny``, for the test). On a CPU
+the recipe reads every stored file; the features of all of them (7.3M tokens) take about 80
+minutes on a 2-core AVX-512 CPU with native bfloat16, seconds on a GPU.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import hashlib
 import json
 import random
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -106,17 +113,39 @@ class Budget:
     batch_tokens: int
     lr: float = 3e-3
     ce_weight: float = 1.0
+    instruct_minutes: float = 0    # chat turns whose question SmolLM2 wrote itself (instruct_batch)
+    tag: str = ""                  # in the data file names: "sampled-gpu-00000.npz" for tag "gpu"
+    prefill_tokens: int = 8192     # padded tokens per feature prefill
+    eval_every_tokens: int = 400_000
 
 
 BUDGETS = {
     "tiny": Budget(gen_batch=4, new_tokens=6, greedy_batches=1, greedy_minutes=0, sampled_batches=1,
                    sampled_minutes=0, code_prompts=8, extra_code_prompts=8, draft_vocab=512, steps=4, train_minutes=0,
-                   batch_tokens=256),
+                   batch_tokens=256, eval_every_tokens=1),
     "full": Budget(gen_batch=64, new_tokens=128, greedy_batches=None, greedy_minutes=25,
                    sampled_batches=None, sampled_minutes=15, code_prompts=1200, extra_code_prompts=3000,
                    draft_vocab=8192,
                    steps=None, train_minutes=35, batch_tokens=4096),
+    # One GPU (`--device cuda`), sized for a short lease: on an H200, batches of 2,048 added
+    # 4.1M tokens in 3.6 minutes (transformers' generate, about 19k tokens/s), the features of
+    # all 7.3M took 27 s and training ran at up to 139k tokens/s. The greedy pass over the
+    # prompts is the CPU one already stored.
+    "gpu": Budget(gen_batch=2048, new_tokens=128, greedy_batches=0, greedy_minutes=0, sampled_batches=None,
+                  sampled_minutes=2.0, code_prompts=1200, extra_code_prompts=3000, draft_vocab=8192, steps=None,
+                  train_minutes=2.25, batch_tokens=16384, instruct_minutes=1.25, tag="gpu", prefill_tokens=65536,
+                  eval_every_tokens=8_000_000),
 }
+
+
+def autocast(device: torch.device | str) -> torch.autocast:
+    """bfloat16 autocast for training: the CPU's where it is native (``train.training_autocast``),
+    always on a GPU."""
+    from specdec_ref.zoo.train import training_autocast
+
+    if torch.device(device).type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return training_autocast()
 
 
 def training_prompts(tokenizer, code_limit: int | None, extra_code: int, seed: int = 0) -> list[str]:
@@ -143,7 +172,8 @@ def training_prompts(tokenizer, code_limit: int | None, extra_code: int, seed: i
 def continuation_batch(target, tokenizer, texts: list[str], new_tokens: int, seed: int | None) -> dict:
     """SmolLM2's continuations of ``texts`` (greedy when ``seed`` is None, else sampled at
     T = 0.8) as a flat uint16 array of prompt + continuation ids, cut after EOS."""
-    enc = tokenizer(texts, add_special_tokens=False, return_tensors="pt", padding=True, padding_side="left")
+    enc = tokenizer(texts, add_special_tokens=False, return_tensors="pt", padding=True,
+                    padding_side="left").to(target.device)
     if seed is not None:
         torch.manual_seed(seed)
     out = target.generate(**enc, max_new_tokens=new_tokens, do_sample=seed is not None,
@@ -153,7 +183,7 @@ def continuation_batch(target, tokenizer, texts: list[str], new_tokens: int, see
     eos = set(eos if isinstance(eos, list) else [eos])
     width = enc.input_ids.shape[1]
     sequences, prompt_lens = [], []
-    for row, mask in zip(out, enc.attention_mask):
+    for row, mask in zip(out.cpu(), enc.attention_mask.cpu()):
         new = row[width:].tolist()
         n = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
         prompt = row[:width][mask.bool()].tolist()
@@ -164,14 +194,45 @@ def continuation_batch(target, tokenizer, texts: list[str], new_tokens: int, see
             "lengths": np.array(lengths, dtype=np.int32), "prompt_lens": np.array(prompt_lens, dtype=np.int32)}
 
 
+def chat_prompt(tokenizer, question: str) -> str:
+    """``question`` as a user turn through SmolLM2's chat template, ready for the answer."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+@torch.no_grad()
+def instruct_batch(target, tokenizer, size: int, new_tokens: int, seed: int,
+                   question_tokens: int = 48) -> dict | None:
+    """Chat turns on questions SmolLM2 wrote itself: ``size`` user turns sampled at T = 1.0
+    from the chat template's opening (up to ``question_tokens``; the ones that end, with at
+    least three tokens, are kept), then SmolLM2's sampled answers as :func:`continuation_batch`
+    (``None`` if no question ended).
+    The training topics are a few hundred; SmolLM2's own questions range over far more."""
+    opening = chat_prompt(tokenizer, "\x00").split("\x00")[0]
+    asked = continuation_batch(target, tokenizer, [opening] * size, question_tokens, seed)
+    eos = target.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
+    ends = np.cumsum(asked["lengths"])
+    questions = []
+    for end, length, prompt_len in zip(ends, asked["lengths"], asked["prompt_lens"]):
+        new = asked["ids"][end - length + prompt_len:end].tolist()
+        if len(new) > 3 and new[-1] in eos:
+            text = tokenizer.decode(new[:-1], skip_special_tokens=True).strip()
+            if text:
+                questions.append(chat_prompt(tokenizer, text))
+    return continuation_batch(target, tokenizer, questions, new_tokens, seed + 1) if questions else None
+
+
 def generate_continuations(target, tokenizer, texts: list[str], folder: Path, kind: str,
                            batches: int | None, minutes: float, budget: Budget) -> None:
-    """``kind``-NNNNN.npz files in ``folder``, continuing after the ones already there.
-    Greedy batches walk the prompts once; sampled batches cycle through them."""
+    """``kind``-NNNNN.npz files in ``folder`` (``kind``-TAG-NNNNN.npz with the budget's tag),
+    continuing after the ones already there. Greedy batches walk the prompts once; sampled
+    batches cycle through them; instruct batches are :func:`instruct_batch`."""
     from specdec_ref.zoo.train import budgeted, training_autocast
 
     folder.mkdir(parents=True, exist_ok=True)
-    done = len(list(folder.glob(f"{kind}-*.npz")))
+    name = f"{kind}-{budget.tag}" if budget.tag else kind
+    done = len(list(folder.glob(f"{name}-[0-9]*.npz")))
     total = -(-len(texts) // budget.gen_batch)
     if kind == "greedy":
         batches = min(batches, total - done) if batches is not None else total - done
@@ -182,11 +243,17 @@ def generate_continuations(target, tokenizer, texts: list[str], folder: Path, ki
             index = done + i
             if kind == "greedy" and index >= total:
                 break
-            start = index * budget.gen_batch
-            chunk = [texts[(start + j) % len(texts)] for j in range(budget.gen_batch)]
-            seed = None if kind == "greedy" else 1_000 + index
-            record = continuation_batch(target, tokenizer, chunk, budget.new_tokens, seed)
-            write_whole(folder / f"{kind}-{index:05d}.npz", lambda file: np.savez(file, **record))
+            # seeds: the CPU files' as they were made; a tagged part's from its own range
+            seed = None if kind == "greedy" else (1_000 if not budget.tag else 1_000_000 * (1 + zlib.crc32(
+                name.encode()) % 1000)) + index
+            if kind == "instruct":
+                record = instruct_batch(target, tokenizer, budget.gen_batch, budget.new_tokens, 2 * seed)
+            else:
+                start = index * budget.gen_batch
+                chunk = [texts[(start + j) % len(texts)] for j in range(budget.gen_batch)]
+                record = continuation_batch(target, tokenizer, chunk, budget.new_tokens, seed)
+            if record is not None:
+                write_whole(folder / f"{name}-{index:05d}.npz", lambda file: np.savez(file, **record))
 
 
 def write_whole(path: Path, write: Callable[[BinaryIO], None]) -> None:
@@ -240,26 +307,28 @@ def target_features(target, sequences: list[torch.Tensor], batch_tokens: int = 8
         while end < len(order) and (end + 1 - i) * len(sequences[order[end]]) <= batch_tokens:
             end += 1
         chunk = order[i:end]
-        batch = pad_sequence([sequences[j] for j in chunk], batch_first=True)
-        with training_autocast():
+        batch = pad_sequence([sequences[j] for j in chunk], batch_first=True).to(target.device)
+        with training_autocast():  # a CPU's bfloat16 where native; a GPU's float32 (no CUDA autocast)
             hidden = target.model(batch).last_hidden_state
             labels = target.lm_head(hidden).argmax(-1)
         for row, j in enumerate(chunk):
             n = len(sequences[j])
-            out[j] = Features(sequences[j], hidden[row, :n].to(torch.bfloat16).clone(), labels[row, :n].clone(),
-                              scored_from[j] if scored_from else 0)
+            out[j] = Features(batch[row, :n].clone(), hidden[row, :n].to(torch.bfloat16).clone(),
+                              labels[row, :n].clone(), scored_from[j] if scored_from else 0)
         i += len(chunk)
     return [out[j] for j in range(len(sequences))]
 
 
-def stored_features(target, data: Path, cache: Path | None = None, files_per_prefill: int = 16) -> list[Features]:
+def stored_features(target, data: Path, cache: Path | None = None, files_per_prefill: int = 16,
+                    prefill_tokens: int = 8192) -> list[Features]:
     """:func:`target_features` of every stored continuation, in file order. With ``cache``,
     each data file's features are kept there (bfloat16, 1.2 KB a token, one file per data file
     and target dtype, checked against the data file's hash) and read back instead of computed:
     the prefill is the recipe's longest stage on a CPU without native bfloat16 (some 350
     tokens/s on an AVX2 Zen 3), so a stopped run resumes. Missing files are computed
     ``files_per_prefill`` at a time: sorting more sequences by length pads less (a file alone
-    pads the stored sequences by 14 %, 16 files at a time by 3 %)."""
+    pads the stored sequences by 14 %, 16 files at a time by 3 %); ``prefill_tokens`` padded
+    tokens per prefill."""
     paths = sorted(data.glob("*.npz"))
     dtype = str(target.dtype).removeprefix("torch.")
     by_file: dict[Path, list[Features]] = {}
@@ -268,17 +337,17 @@ def stored_features(target, data: Path, cache: Path | None = None, files_per_pre
         seqs = [torch.from_numpy(ids) for ids, _ in file_continuations(path)]
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
         shard = cache / f"{path.stem}.{dtype}.pt" if cache else None
-        saved = torch.load(shard) if shard and shard.exists() else None
+        saved = torch.load(shard, map_location=target.device) if shard and shard.exists() else None
         if saved is not None and saved["source_sha256"] == digest:
             lengths = [len(s) for s in seqs]
-            by_file[path] = [Features(ids, f, y) for ids, f, y in
+            by_file[path] = [Features(ids.to(target.device), f, y) for ids, f, y in
                              zip(seqs, saved["features"].split(lengths), saved["labels"].split(lengths))]
         else:
             missing.append((path, seqs, digest, shard))
     computed, start = 0, time.time()
     for i in range(0, len(missing), files_per_prefill):
         group = missing[i:i + files_per_prefill]
-        feats = target_features(target, [s for _, seqs, _, _ in group for s in seqs])
+        feats = target_features(target, [s for _, seqs, _, _ in group for s in seqs], prefill_tokens)
         for path, seqs, digest, shard in group:
             by_file[path], feats = feats[:len(seqs)], feats[len(seqs):]
             computed += sum(len(s) for s in seqs)
@@ -295,16 +364,16 @@ def stored_features(target, data: Path, cache: Path | None = None, files_per_pre
 def frequent_tokens(data: list[Features], size: int, vocab_size: int) -> torch.LongTensor:
     """The ``size`` target tokens that are most often the target's next token in ``data``."""
     counts = torch.bincount(torch.cat([d.labels for d in data]), minlength=vocab_size)
-    return counts.topk(min(size, vocab_size)).indices.sort().values
+    return counts.topk(min(size, vocab_size)).indices.sort().values.cpu()
 
 
 def draft_lm_head(target, vocab: torch.LongTensor | None) -> tuple[torch.LongTensor, torch.Tensor]:
     """``(to_draft, lm_weight)`` for a draft vocabulary ``vocab`` (``None``: the whole one):
     each target id's index in it (-1 for ids outside it), and the target's LM-head rows for it."""
-    vocab_size = target.config.vocab_size
-    vocab = torch.arange(vocab_size) if vocab is None else vocab
-    to_draft = torch.full((vocab_size,), -1, dtype=torch.long)
-    to_draft[vocab] = torch.arange(vocab.numel())
+    vocab_size, device = target.config.vocab_size, target.lm_head.weight.device
+    vocab = torch.arange(vocab_size, device=device) if vocab is None else vocab.to(device)
+    to_draft = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
+    to_draft[vocab] = torch.arange(vocab.numel(), device=device)
     return to_draft, target.lm_head.weight[vocab].detach()
 
 
@@ -329,10 +398,12 @@ class Batch:
 
 
 def collate(seqs: list[Features]) -> Batch:
-    """``seqs`` right-padded into one :class:`Batch`."""
+    """``seqs`` right-padded into one :class:`Batch`, on their device."""
+    device = seqs[0].ids.device
     return Batch(*(pad_sequence([getattr(s, name) for s in seqs], batch_first=True)
-                   for name in ("ids", "features", "labels")), torch.tensor([s.ids.numel() for s in seqs]),
-                 torch.tensor([s.scored_from for s in seqs]))
+                   for name in ("ids", "features", "labels")),
+                 torch.tensor([s.ids.numel() for s in seqs], device=device),
+                 torch.tensor([s.scored_from for s in seqs], device=device))
 
 
 def shuffled_batches(data: list[Features], batch_tokens: int, seed: int) -> list[list[int]]:
@@ -365,28 +436,29 @@ def head_losses(head: EagleHead, embed: torch.nn.Module, lm_weight: torch.Tensor
     target id to its index there (-1: not in it, no cross-entropy there). Positions before a
     sequence's ``scored_from`` are trained on but not counted in the stats."""
     ids, feats, labels = batch.ids, batch.features.float(), batch.labels
-    t = ids.shape[1] - 1
+    t, device = ids.shape[1] - 1, ids.device
     emb = embed(ids[:, 1:]).float()
-    positions = torch.arange(t)
+    positions = torch.arange(t, device=device)
     pred1, (k1, v1) = head(emb, feats[:, :t], positions)
     # step 2: position i reads (x_{i+1}, predicted f_i from step 1 at i - 1)
     layer = head.layers[0]
     x2 = head.fc(torch.cat([emb[:, 1:], pred1[:, :-1]], -1))
     q2, k2, v2 = layer.self_attn.project(x2, positions[1:])
-    real = torch.arange(t)[None, :] < torch.arange(1, t)[:, None]
-    own = torch.eye(t - 1, dtype=torch.bool)
+    real = torch.arange(t, device=device)[None, :] < torch.arange(1, t, device=device)[:, None]
+    own = torch.eye(t - 1, dtype=torch.bool, device=device)
     pred2 = layer(x2, q2, torch.cat([k1, k2], 2), torch.cat([v1, v2], 2), torch.cat([real, own], 1))
     loss, stats = 0.0, []
     for pred, first in ((pred1, 0), (pred2, 1)):
         true_next = feats[:, first + 1:t + 1]
-        counted = torch.arange(first + 1, t + 1)[None, :] < batch.lengths[:, None]
+        steps = torch.arange(first + 1, t + 1, device=device)[None, :]
+        counted = steps < batch.lengths[:, None]
         target_ids = to_draft[labels[:, first + 1:t + 1]]
         logits = (pred @ lm_weight.T).float()
         ce = F.cross_entropy(logits.transpose(1, 2), target_ids.clamp_min(0), reduction="none")
         l1 = F.smooth_l1_loss(pred.float(), true_next, reduction="none").mean(-1)
         n = counted.sum().clamp_min(1)
         loss = loss + (l1 * counted).sum() / n + ce_weight * (ce * (counted & (target_ids >= 0))).sum() / n
-        scored = counted & (torch.arange(first + 1, t + 1)[None, :] >= batch.scored_from[:, None])
+        scored = counted & (steps >= batch.scored_from[:, None])
         best = logits.topk(best_of, dim=-1).indices
         stats.append((int(((best == target_ids[..., None]).any(-1) & scored).sum()), int(scored.sum())))
     return loss, stats
@@ -406,13 +478,11 @@ def agreement(head: EagleHead, embed, lm_weight, to_draft, data: list[Features],
 
 def train_head(head: EagleHead, target, data: list[Features], heldout: dict[str, list[Features]],
                to_draft: torch.Tensor, lm_weight: torch.Tensor, budget: Budget, ckpt: Path,
-               seed: int = 0, eval_every_tokens: int = 200_000) -> dict:
+               seed: int = 0) -> dict:
     """AdamW with warmup and cosine decay; batches of whole sequences, about ``batch_tokens``
     each, drawn in a new random order every pass over the data;
-    held-out agreement measured every ``eval_every_tokens`` (the learning curve);
+    held-out agreement measured every ``budget.eval_every_tokens`` (the learning curve);
     checkpoints every 5 minutes, so a stopped run resumes."""
-    from specdec_ref.zoo.train import training_autocast
-
     embed = target.get_input_embeddings()
     opt = torch.optim.AdamW(head.parameters(), lr=budget.lr, betas=(0.9, 0.95), weight_decay=0.0)
     state = {"step": 0, "epoch": 0, "index": 0, "elapsed": 0.0, "tokens": 0, "curve": [], "losses": []}
@@ -434,11 +504,12 @@ def train_head(head: EagleHead, target, data: list[Features], heldout: dict[str,
         print(json.dumps(point), flush=True)
 
     head.train()
+    device = lm_weight.device
     start, last_ckpt, next_eval = time.time() - state["elapsed"], time.time(), state["tokens"]
     while progress() < 1:
         if state["tokens"] >= next_eval:
             evaluate()
-            next_eval += eval_every_tokens
+            next_eval += budget.eval_every_tokens
         cos = 0.5 * (1 + np.cos(np.pi * min(progress(), 1.0)))
         for g in opt.param_groups:
             g["lr"] = budget.lr * min(1.0, (state["step"] + 1) / 50) * (0.1 + 0.9 * cos)
@@ -448,7 +519,7 @@ def train_head(head: EagleHead, target, data: list[Features], heldout: dict[str,
         batch = collate([data[i] for i in groups[state["index"]]])
         state["index"] += 1
         size = int(batch.lengths.sum())
-        with training_autocast():
+        with autocast(device):
             loss = head_losses(head, embed, lm_weight, to_draft, batch, budget.ce_weight)[0]
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -471,16 +542,19 @@ def train_head(head: EagleHead, target, data: list[Features], heldout: dict[str,
             "final_loss": float(np.mean(state["losses"][-20:])), "curve": state["curve"]}
 
 
-def heldout_features(target, tokenizer, per_kind: int, new_tokens: int) -> dict[str, list[Features]]:
+def heldout_features(target, tokenizer, per_kind: int, new_tokens: int,
+                     prompts: dict[str, list[str]] | None = None) -> dict[str, list[Features]]:
     """Features of SmolLM2's greedy continuations of held-out prompts (no topic, task or
     source file shared with training), by kind: what the learning curve is measured on.
     Agreement is scored on the continuations only, from their second token: the first comes
     from the target's prefill, and a prompt (a chat template most of all) is far easier to
-    predict than what SmolLM2 writes after it."""
+    predict than what SmolLM2 writes after it. ``prompts``: the held-out prompts by kind
+    (:func:`prompt_sets`); built here by default."""
     from specdec_ref.zoo.distill import heldout_prompts
 
     out = {}
-    for kind, texts in heldout_prompts(tokenizer, per_kind=per_kind).items():
+    for kind, texts in (prompts or heldout_prompts(tokenizer, per_kind=per_kind)).items():
+        texts = texts[:per_kind]
         rec = continuation_batch(target, tokenizer, texts, new_tokens, None)
         ends = np.cumsum(rec["lengths"])
         seqs = [torch.from_numpy(rec["ids"][e - n:e].astype(np.int64)) for e, n in zip(ends, rec["lengths"])]
@@ -498,24 +572,48 @@ def save(head: EagleHead, vocab: torch.LongTensor, target_config, out: Path, rec
     add_to_manifest(out, folder, "smollm2_eagle", record)
 
 
-def load_target():
-    """SmolLM2 and its tokenizer, in bfloat16 where this CPU computes it natively."""
+def load_target(device: str = "cpu"):
+    """SmolLM2 and its tokenizer: on a CPU in bfloat16 where it computes it natively, on a GPU
+    in float32 with TF32 matmuls (10 mantissa bits against bfloat16's 7; plain float32 would
+    make the features the slowest stage)."""
     from specdec_ref.zoo import load
     from specdec_ref.zoo.train import native_bf16
 
-    return load("zoo:smollm2", dtype=torch.bfloat16 if native_bf16() else torch.float32)
+    if torch.device(device).type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    bf16 = torch.device(device).type == "cpu" and native_bf16()
+    return load("zoo:smollm2", dtype=torch.bfloat16 if bf16 else torch.float32, device=device)
+
+
+def prompt_sets(tokenizer, budget: Budget, seed: int = 0, path: Path | None = None,
+                ) -> tuple[list[str], dict[str, list[str]]]:
+    """``(training prompts, held-out prompts by kind)``: built here (:func:`training_prompts`,
+    ``distill.heldout_prompts``), or read from ``path``, a file written by ``--export-prompts``.
+    The code prompts are cut from this machine's Python library files, so another machine
+    (a GPU one with another Python) reads the same prompts from the file."""
+    from specdec_ref.zoo.distill import heldout_prompts
+
+    if path is not None:
+        saved = json.loads(path.read_text())
+        return saved["train"], saved["heldout"]
+    return (training_prompts(tokenizer, budget.code_prompts, budget.extra_code_prompts, seed),
+            heldout_prompts(tokenizer, per_kind=8, seed=seed))
 
 
 def grow_data(target, tokenizer, data: Path, budget: Budget, seed: int = 0,
-              sampled_minutes: float | None = None) -> dict:
+              sampled_minutes: float | None = None, texts: list[str] | None = None) -> dict:
     """Stage 1 alone: the greedy continuations still missing, then sampled ones for
-    ``sampled_minutes`` (the budget's by default). Returns what ``data`` holds now."""
-    texts = training_prompts(tokenizer, budget.code_prompts, budget.extra_code_prompts, seed)
+    ``sampled_minutes`` (the budget's by default), then the budget's instruct batches.
+    ``texts``: the training prompts (:func:`prompt_sets`). Returns what ``data`` holds now."""
+    if texts is None:
+        texts = training_prompts(tokenizer, budget.code_prompts, budget.extra_code_prompts, seed)
     generate_continuations(target, tokenizer, texts, data, "greedy", budget.greedy_batches,
                            budget.greedy_minutes, budget)
     minutes = budget.sampled_minutes if sampled_minutes is None else sampled_minutes
     generate_continuations(target, tokenizer, texts, data, "sampled", budget.sampled_batches if sampled_minutes is None
                            else None, minutes, budget)
+    if budget.instruct_minutes:
+        generate_continuations(target, tokenizer, texts, data, "instruct", None, budget.instruct_minutes, budget)
     stored = load_continuations(data)
     return {"files": len(list(data.glob("*.npz"))), "sequences": len(stored),
             "tokens": int(sum(len(ids) for ids, _ in stored)),
@@ -524,26 +622,37 @@ def grow_data(target, tokenizer, data: Path, budget: Budget, seed: int = 0,
 
 def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DIR, seed: int = 0,
           generate: bool = True, init: Path | None = None, train_minutes: float | None = None,
-          lr: float | None = None) -> dict:
+          lr: float | None = None, device: str = "cpu", prompts: Path | None = None,
+          sampled_minutes: float | None = None, instruct_minutes: float | None = None) -> dict:
     """Every stage; returns the record written to the manifest. ``generate=False`` trains on
     the continuations already stored in ``data``. ``init``: a saved head to go on training
     (with its draft vocabulary) instead of a fresh one; ``train_minutes`` and ``lr`` (the
-    peak learning rate) override the budget's. Features are cached in ``work/features``, the
-    training checkpoint in ``work``."""
+    peak learning rate) override the budget's, as do ``sampled_minutes`` and ``instruct_minutes``
+    (stage 1's time). ``device``: where SmolLM2 and the head run
+    ("cuda" for the ``gpu`` budget); ``prompts``: a ``--export-prompts`` file. On a CPU the
+    features are cached in ``work/features`` (a GPU recomputes them in seconds); the training
+    checkpoint is kept in ``work``."""
     from specdec_ref.eagle import CONFIG_NAME, EagleConfig, init_head, load_head
     from specdec_ref.zoo.train import native_bf16
 
     budget = BUDGETS[budget_name]
-    budget = replace(budget, train_minutes=budget.train_minutes if train_minutes is None else train_minutes,
-                     lr=budget.lr if lr is None else lr)
-    target, tokenizer = load_target()
+    overrides = {"train_minutes": train_minutes, "lr": lr, "sampled_minutes": sampled_minutes,
+                 "instruct_minutes": instruct_minutes}
+    budget = replace(budget, **{key: value for key, value in overrides.items() if value is not None})
+    target, tokenizer = load_target(device)
+    train_texts, heldout_texts = prompt_sets(tokenizer, budget, seed, prompts)
+    t0 = time.time()
     if generate:
-        grow_data(target, tokenizer, data, budget, seed)
+        grow_data(target, tokenizer, data, budget, seed, texts=train_texts)
+    generate_seconds = time.time() - t0
     stored = load_continuations(data)
     t0 = time.time()
-    train_data = stored_features(target, data, work / "features")
+    on_cpu = torch.device(device).type == "cpu"
+    train_data = stored_features(target, data, work / "features" if on_cpu else None,
+                                 prefill_tokens=budget.prefill_tokens)
     tiny = budget_name == "tiny"
-    heldout = heldout_features(target, tokenizer, per_kind=2 if tiny else 8, new_tokens=8 if tiny else 64)
+    heldout = heldout_features(target, tokenizer, per_kind=2 if tiny else 8, new_tokens=8 if tiny else 64,
+                               prompts=heldout_texts)
     feature_seconds = time.time() - t0
     frozen_float(target)
     if init is None:
@@ -551,27 +660,39 @@ def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DI
         vocab = frequent_tokens(train_data, budget.draft_vocab, target.config.vocab_size)
     else:
         head, vocab = load_head(init)
+    head.to(device)
     to_draft, lm_weight = draft_lm_head(target, vocab)
     labels = torch.cat([d.labels for d in train_data])
     fit = train_head(head, target, train_data, heldout, to_draft, lm_weight, budget,
-                     work / "eagle-head.ckpt", seed, eval_every_tokens=1 if tiny else 400_000)
+                     work / "eagle-head.ckpt", seed)
     record = {
         "budget": budget_name, "seed": seed, "parameters": head.num_parameters, "generated_this_run": generate,
         "data": {"sequences": len(stored), "tokens": int(labels.numel()),
                  "continuation_tokens": int(sum(len(ids) - n for ids, n in stored)),
-                 "files": len(list(data.glob("*.npz"))), "feature_seconds": round(feature_seconds)},
+                 "files": len(list(data.glob("*.npz"))), "generate_seconds": round(generate_seconds),
+                 "feature_seconds": round(feature_seconds)},
         "draft_vocab": {"size": int(vocab.numel()),
                         "coverage": round((to_draft[labels] >= 0).float().mean().item(), 4)},
         "loss": {"smooth_l1_features": 1.0, "cross_entropy": budget.ce_weight, "steps_unrolled": 2},
-        "train": fit | {"precision": "bf16 autocast" if native_bf16() else "float32", "peak_lr": budget.lr},
+        "train": fit | {"precision": "bf16 autocast" if not on_cpu or native_bf16() else "float32",
+                        "peak_lr": budget.lr, "device": device_name(device)},
     }
     if init is not None:
         before = json.loads((init / CONFIG_NAME).read_text())["specdec_eagle"]["record"]
         trained = {key: value for key, value in before.get("train", {}).items()
                    if key in ("steps", "tokens", "minutes", "precision")}
         record["init"] = {"from": str(init), "train": trained, "init": before.get("init")}
-    save(head, vocab, target.config, out, record)
+    save(head.cpu(), vocab, target.config, out, record)
     return record
+
+
+def device_name(device: str) -> str:
+    """The processor a run used, for its record: the GPU's name, or the CPU's model name."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(device)
+    from specdec_ref.vllm.recorded import cpu_model
+
+    return cpu_model()
 
 
 def evaluate(heads: list[Path], per_kind: int = 8, new_tokens: int = 64, best_of: int = 1,
@@ -619,16 +740,36 @@ def main() -> None:
                        help="print the held-out agreement of saved head folders, nothing trained")
     parser.add_argument("--best-of", type=int, default=1, metavar="N",
                         help="with --evaluate: count a position where SmolLM2's token is among the head's best N")
+    parser.add_argument("--sampled-minutes", type=float, metavar="MINUTES",
+                        help="time for sampled continuations instead of the budget's")
+    parser.add_argument("--instruct-minutes", type=float, metavar="MINUTES",
+                        help="time for chat turns on SmolLM2's own questions instead of the budget's")
+    parser.add_argument("--device", default="cpu", help='where SmolLM2 and the head run: "cuda" with --budget gpu')
+    parser.add_argument("--prompts", type=Path, metavar="FILE",
+                        help="read the training and held-out prompts from FILE (written by --export-prompts)")
+    stage.add_argument("--export-prompts", type=Path, metavar="FILE",
+                       help="write the training and held-out prompts to FILE, for a run on another machine "
+                            "(whose Python library files would give other code prompts), and stop")
     args = parser.parse_args()
+    if args.export_prompts:
+        from specdec_ref.zoo import load_tokenizer
+
+        train, heldout = prompt_sets(load_tokenizer("zoo:smollm2"), BUDGETS[args.budget], args.seed)
+        args.export_prompts.write_text(json.dumps({"train": train, "heldout": heldout}) + "\n")
+        print(f"{len(train)} training prompts, {sum(map(len, heldout.values()))} held-out: {args.export_prompts}")
+        return
     if args.evaluate:
         print(json.dumps(evaluate(args.evaluate, best_of=args.best_of), indent=2))
         return
     if args.only_generate is not None:
-        print(json.dumps(grow_data(*load_target(), args.data, BUDGETS[args.budget], args.seed,
-                                   args.only_generate), indent=2))
+        target, tokenizer = load_target(args.device)
+        texts = prompt_sets(tokenizer, BUDGETS[args.budget], args.seed, args.prompts)[0]
+        print(json.dumps(grow_data(target, tokenizer, args.data, BUDGETS[args.budget], args.seed,
+                                   args.only_generate, texts), indent=2))
         return
     print(json.dumps(build(args.out, args.work, args.budget, args.data, args.seed, not args.no_generate,
-                           args.init, args.train_minutes, args.lr), indent=2))
+                           args.init, args.train_minutes, args.lr, args.device, args.prompts,
+                           args.sampled_minutes, args.instruct_minutes), indent=2))
 
 
 if __name__ == "__main__":
