@@ -233,6 +233,8 @@ def generate_continuations(target, tokenizer, texts: list[str], folder: Path, ki
     folder.mkdir(parents=True, exist_ok=True)
     name = f"{kind}-{budget.tag}" if budget.tag else kind
     done = len(list(folder.glob(f"{name}-[0-9]*.npz")))
+    # sampled seeds: the CPU files' as they were made; a tagged part's from a range of its own
+    first_seed = 1_000_000 * (1 + zlib.crc32(name.encode()) % 1000) if budget.tag else 1_000
     total = -(-len(texts) // budget.gen_batch)
     if kind == "greedy":
         batches = min(batches, total - done) if batches is not None else total - done
@@ -243,9 +245,7 @@ def generate_continuations(target, tokenizer, texts: list[str], folder: Path, ki
             index = done + i
             if kind == "greedy" and index >= total:
                 break
-            # seeds: the CPU files' as they were made; a tagged part's from its own range
-            seed = None if kind == "greedy" else (1_000 if not budget.tag else 1_000_000 * (1 + zlib.crc32(
-                name.encode()) % 1000)) + index
+            seed = None if kind == "greedy" else first_seed + index
             if kind == "instruct":
                 record = instruct_batch(target, tokenizer, budget.gen_batch, budget.new_tokens, 2 * seed)
             else:
