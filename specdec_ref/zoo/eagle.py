@@ -179,8 +179,7 @@ def continuation_batch(target, tokenizer, texts: list[str], new_tokens: int, see
     out = target.generate(**enc, max_new_tokens=new_tokens, do_sample=seed is not None,
                           temperature=0.8 if seed is not None else None, top_k=0 if seed is not None else None,
                           top_p=1.0 if seed is not None else None, pad_token_id=tokenizer.pad_token_id)
-    eos = target.generation_config.eos_token_id
-    eos = set(eos if isinstance(eos, list) else [eos])
+    eos = eos_ids(target)
     width = enc.input_ids.shape[1]
     sequences, prompt_lens = [], []
     for row, mask in zip(out.cpu(), enc.attention_mask.cpu()):
@@ -192,6 +191,20 @@ def continuation_batch(target, tokenizer, texts: list[str], new_tokens: int, see
     lengths = [len(s) for s in sequences]
     return {"ids": np.array([t for s in sequences for t in s], dtype=np.uint16),
             "lengths": np.array(lengths, dtype=np.int32), "prompt_lens": np.array(prompt_lens, dtype=np.int32)}
+
+
+def eos_ids(target) -> set[int]:
+    """The target's end-of-sequence ids (its generation config holds one or a list)."""
+    eos = target.generation_config.eos_token_id
+    return set(eos if isinstance(eos, list) else [eos])
+
+
+def batch_sequences(record: dict) -> list[tuple[np.ndarray, int]]:
+    """The sequences of a :func:`continuation_batch` record (or a stored file of one) as
+    (ids, prompt length)."""
+    ends = np.cumsum(record["lengths"])
+    return [(record["ids"][end - length:end].astype(np.int64), int(prompt_len))
+            for end, length, prompt_len in zip(ends, record["lengths"], record["prompt_lens"])]
 
 
 def chat_prompt(tokenizer, question: str) -> str:
@@ -210,12 +223,10 @@ def instruct_batch(target, tokenizer, size: int, new_tokens: int, seed: int,
     The training topics are a few hundred; SmolLM2's own questions range over far more."""
     opening = chat_prompt(tokenizer, "\x00").split("\x00")[0]
     asked = continuation_batch(target, tokenizer, [opening] * size, question_tokens, seed)
-    eos = target.generation_config.eos_token_id
-    eos = set(eos if isinstance(eos, list) else [eos])
-    ends = np.cumsum(asked["lengths"])
+    eos = eos_ids(target)
     questions = []
-    for end, length, prompt_len in zip(ends, asked["lengths"], asked["prompt_lens"]):
-        new = asked["ids"][end - length + prompt_len:end].tolist()
+    for ids, prompt_len in batch_sequences(asked):
+        new = ids[prompt_len:].tolist()
         if len(new) > 3 and new[-1] in eos:
             text = tokenizer.decode(new[:-1], skip_special_tokens=True).strip()
             if text:
@@ -267,10 +278,7 @@ def write_whole(path: Path, write: Callable[[BinaryIO], None]) -> None:
 
 def file_continuations(path: Path) -> list[tuple[np.ndarray, int]]:
     """The sequences of one stored batch as (ids, prompt length)."""
-    rec = np.load(path)
-    ends = np.cumsum(rec["lengths"])
-    return [(rec["ids"][end - length:end].astype(np.int64), int(prompt_len))
-            for end, length, prompt_len in zip(ends, rec["lengths"], rec["prompt_lens"])]
+    return batch_sequences(np.load(path))
 
 
 def load_continuations(folder: Path) -> list[tuple[np.ndarray, int]]:
@@ -555,10 +563,9 @@ def heldout_features(target, tokenizer, per_kind: int, new_tokens: int,
     out = {}
     for kind, texts in (prompts or heldout_prompts(tokenizer, per_kind=per_kind)).items():
         texts = texts[:per_kind]
-        rec = continuation_batch(target, tokenizer, texts, new_tokens, None)
-        ends = np.cumsum(rec["lengths"])
-        seqs = [torch.from_numpy(rec["ids"][e - n:e].astype(np.int64)) for e, n in zip(ends, rec["lengths"])]
-        out[kind] = target_features(target, seqs, scored_from=[int(n) for n in rec["prompt_lens"]])
+        seqs = batch_sequences(continuation_batch(target, tokenizer, texts, new_tokens, None))
+        out[kind] = target_features(target, [torch.from_numpy(ids) for ids, _ in seqs],
+                                    scored_from=[prompt_len for _, prompt_len in seqs])
     return out
 
 
