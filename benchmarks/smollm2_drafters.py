@@ -61,6 +61,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt")
     parser.add_argument("--json", help="write every figure to this path")
     parser.add_argument("--fast", action="store_true", help="target and drafts on specdec_ref.fast's kernels")
+    parser.add_argument("--weights-first", action="store_true",
+                        help="eager target and drafts, few-row linear layers computed as W @ x^T (specdec_ref.weights_first)")
     parser.add_argument("--eagle", action="append", metavar="HEAD",
                         help="an EAGLE head to run (zoo name or folder; repeat for several; default zoo:smollm2-eagle)")
     parser.add_argument("--eagle-min-confidence", type=float,
@@ -70,11 +72,13 @@ def main() -> None:
     args = parser.parse_args()
     ks = [int(k) for k in args.k.split(",")]
 
-    target, tokenizer = load("zoo:smollm2", fast=args.fast)
+    if args.fast and args.weights_first:
+        parser.error("--fast and --weights-first are two kernel choices for the linear layers; pick one")
+    target, tokenizer = load("zoo:smollm2", fast=args.fast, weights_first=args.weights_first)
     head_names = args.eagle or ["zoo:smollm2-eagle"]
     heads = [load_eagle(name) for name in head_names]
     head, vocab = heads[0]
-    draft, _ = load("zoo:smollm2-draft", fast=args.fast)
+    draft, _ = load("zoo:smollm2-draft", fast=args.fast, weights_first=args.weights_first)
     print(f"SmolLM2 on {fast.path_name(target)}")
     # the first head is "eagle"; others are named by the path given, so the JSON says which is which
     drafters = {"eagle": EagleDrafter(head, target, vocab)}

@@ -279,7 +279,12 @@ def run_bench(args: argparse.Namespace) -> None:
         sys.exit("error: --fast compares greedy outputs; it takes no --do-sample")
     if args.compile and not args.fast:
         sys.exit("error: --compile chooses the --fast path's kind; use it with --fast")
-    pair = bench.load_pair(args.target, args.draft, device=args.device, dtype=DTYPES[args.dtype])
+    if args.weights_first and args.device != "cpu":
+        sys.exit("error: --weights-first is a choice of CPU kernel; use it with --device cpu")
+    pair = bench.load_pair(args.target, args.draft, device=args.device, dtype=DTYPES[args.dtype],
+                           weights_first=args.weights_first)
+    if args.weights_first:
+        print("eager models: few-row linear layers computed weights-first (W @ x^T; specdec_ref.weights_first)")
     if pair.draft_model is None and not pair.prompt_lookup and not args.no_hf:
         print(f"{args.draft} drafts from the target's features; transformers has no such drafter, so its "
               "assisted generation is left out (as with --no-hf)")
@@ -304,7 +309,8 @@ def run_bench(args: argparse.Namespace) -> None:
     except ValueError as error:  # e.g. --min-confidence with prompt lookup, or out of (0, 1)
         sys.exit(f"error: {error}")
     summary |= {"target": args.target, "draft": args.draft, "device": args.device, "dtype": args.dtype,
-                "repeat_prompts": args.repeat_prompts, "prompts_file": args.prompts_file}
+                "repeat_prompts": args.repeat_prompts, "prompts_file": args.prompts_file,
+                "weights_first": args.weights_first}
     if args.do_sample:
         print(f"sampling at temperature {summary['temperature']}: outputs are not compared token by token. "
               "Speculative sampling is exact in distribution (each token is drawn from the target's "
@@ -355,7 +361,7 @@ def run_fast_bench(args: argparse.Namespace, pair, prompts: list[str], ks: list[
     except ValueError as error:  # the fast path does not apply (device, dtype, torch, compiler)
         sys.exit(f"error: {error}")
     summary |= {"target": args.target, "draft": args.draft, "device": args.device, "dtype": args.dtype,
-                "repeat_prompts": args.repeat_prompts}
+                "repeat_prompts": args.repeat_prompts, "weights_first": args.weights_first}
     print("\n".join(fast_report(summary)))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
@@ -429,6 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="eager vs the fast path (specdec_ref.fast), baseline and speculative, side by side")
     p.add_argument("--compile", action="store_true",
                    help="with --fast: the fast path also compiles the models with torch.compile (instead of prepacking)")
+    p.add_argument("--weights-first", action="store_true",
+                   help="the eager models compute few-row linear layers as W @ x^T (specdec_ref.weights_first): "
+                        "on CPUs where PyTorch's x @ W^T is slow for a few rows, verification costs about one step")
     p.set_defaults(func=run_bench)
 
     p = sub.add_parser("roofline", help="bandwidth lower bounds per token for a model size")

@@ -64,18 +64,21 @@ class Pair:
         return {"target_tokenizer": self.target_tokenizer, "draft_tokenizer": self.draft_tokenizer}
 
 
-def load_pair(target: str, draft: str, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Pair:
+def load_pair(target: str, draft: str, device: str = "cpu", dtype: torch.dtype = torch.float32,
+              weights_first: bool = False) -> Pair:
     """Load a pair by zoo name (``zoo:target``), local path or Hub id; ``draft="ngram"`` is prompt
-    lookup; an EAGLE head (``zoo:smollm2-eagle`` or its folder) drafts from the target's features."""
+    lookup; an EAGLE head (``zoo:smollm2-eagle`` or its folder) drafts from the target's features.
+    ``weights_first=True``: both models' few-row linear layers computed as W @ xᵀ
+    (:mod:`specdec_ref.weights_first`)."""
     from . import zoo
 
-    target_model, target_tokenizer = zoo.load(target, dtype=dtype, device=device)
+    target_model, target_tokenizer = zoo.load(target, dtype=dtype, device=device, weights_first=weights_first)
     if draft == "ngram":
         return Pair(target_model, PromptLookupDrafter(), target_tokenizer, None)
     if zoo.is_eagle_head(draft):
         head, vocab = zoo.load_eagle(draft, dtype=dtype, device=device)
         return Pair(target_model, EagleDrafter(head, target_model, vocab), target_tokenizer, None)
-    draft_model, draft_tokenizer = zoo.load(draft, dtype=dtype, device=device)
+    draft_model, draft_tokenizer = zoo.load(draft, dtype=dtype, device=device, weights_first=weights_first)
     return Pair(target_model, draft_model, target_tokenizer, draft_tokenizer)
 
 

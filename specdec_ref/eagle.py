@@ -31,6 +31,7 @@ from . import fast
 from .drafters import Proposal
 from .inputs import check_context
 from .sampling import Sampler
+from .weights_first import is_weights_first, weights_first
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,8 @@ class EagleDrafter:
         self.head = head
         if fast.is_fast(target) and not fast.is_fast(head):  # the head and its LM head rows read the target's fast kernels
             self.head, self.lm_head = fast.fast_layers(head), fast.fast_layers(self.lm_head)
+        elif is_weights_first(target) and not is_weights_first(head):  # the same form as the target's
+            self.head, self.lm_head = weights_first(head), weights_first(self.lm_head)
         self.vocab_size = lm_weight.shape[0]
         self.min_confidence = min_confidence
         self.first_candidates = first_candidates

@@ -280,7 +280,10 @@ def path_name(model: torch.nn.Module) -> str:
     parts += [f"bf16-stored weights ({halved} of {len(layers)} linear layers)"] if halved else []
     parts += ["prepacked oneDNN weights" + (f" ({packed} of {len(layers)})" if halved or coded else "")] if packed else []
     parts += ["torch.compile"] if is_compiled(model) else []
-    return " + ".join(parts) or "the eager model"
+    from .weights_first import is_weights_first  # that module builds on this one
+
+    eager = "the eager model" + (", few-row linear layers weights-first" if is_weights_first(model) else "")
+    return " + ".join(parts) or eager
 
 
 def streamed_weight_bytes(model: torch.nn.Module) -> float:

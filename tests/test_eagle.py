@@ -17,6 +17,7 @@ import torch
 from factories import build, prompt
 from specdec_ref import Sampler, speculative_generate
 from specdec_ref.eagle import EagleConfig, EagleDrafter, init_head, load_head, save_head
+from specdec_ref.weights_first import WeightsFirstLinear, is_weights_first, weights_first
 from specdec_ref.zoo import eagle as recipe
 from test_sampling_exactness import PROMPT, VOCAB, chi_square_pvalue, exact_joint, sample_counts
 
@@ -275,3 +276,20 @@ def test_a_drafter_without_features_is_refused(target_and_head):
     drafter.start(ids, 8)
     with pytest.raises(RuntimeError, match="target features for 0 positions of 6"):
         drafter.propose(ids, 3, Sampler())
+
+
+@pytest.mark.parametrize("draft_vocab", [False, True])
+def test_a_weights_first_target_puts_the_head_on_the_same_form(target_and_head, draft_vocab):
+    target, head, _, sequences = target_and_head
+    vocab = torch.arange(0, target.config.vocab_size, 2) if draft_vocab else None
+    computed = weights_first(target)
+    drafter = EagleDrafter(head, computed, vocab)
+    assert is_weights_first(drafter.head) and isinstance(drafter.lm_head, WeightsFirstLinear)
+    assert not is_weights_first(head), "the head given is left as it was"
+    if vocab is None:
+        assert drafter.lm_head.weight is target.lm_head.weight, "the target's own LM head, not a copy"
+    ids = sequences[6][None, :6]
+    out = speculative_generate(computed, drafter, ids, max_new_tokens=40, num_draft_tokens=3, eos_token_id=[])
+    assert torch.equal(out.sequences, greedy_reference(target, ids, 40))
+    if not draft_vocab:  # accepted along its training sequence, as on the stock layers
+        assert out.stats.tokens_per_target_pass > 1.5

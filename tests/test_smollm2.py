@@ -285,6 +285,25 @@ def test_the_shipped_head_drafts_a_tree_on_the_fast_path():
     assert tree_run.stats.tokens_per_target_pass > plain.stats.tokens_per_target_pass, (tree_run.stats, plain.stats)
 
 
+def test_the_shipped_head_drafts_for_weights_first_smollm2(real_pair):
+    """`bench --weights-first`'s pair: SmolLM2 and the head on weights-first linear layers give
+    the stock SmolLM2's greedy tokens, with EOS and from a one-token prompt."""
+    from specdec_ref.bench import load_pair
+    from specdec_ref.weights_first import is_weights_first
+
+    pair = load_pair("zoo:smollm2", "zoo:smollm2-eagle", weights_first=True)
+    assert is_weights_first(pair.target) and is_weights_first(pair.draft.head)
+    stock, tokenizer = real_pair[0], real_pair[2]
+    ids = tokenizer(heldout_prompts(tokenizer, per_kind=1)["code"][0], return_tensors="pt").input_ids
+    for eos, prompt_ids in ((None, ids), ([], ids), (None, ids[:, :1])):
+        expected = autoregressive_generate(stock, prompt_ids, 40, eos_token_id=eos).sequences
+        out = speculative_generate(pair.target, pair.draft, prompt_ids, max_new_tokens=40, num_draft_tokens=3,
+                                   eos_token_id=eos)
+        assert torch.equal(out.sequences, expected), (eos, prompt_ids.shape)
+        if eos == []:  # 40 tokens of code: the head is accepted, as on the stock layers
+            assert out.stats.tokens_per_target_pass > 1.2, out.stats
+
+
 @pytest.mark.slow
 def test_the_bench_runs_the_eagle_head_eager_and_fast():
     """`bench --target zoo:smollm2 --draft zoo:smollm2-eagle` and its `--fast` side by side, shortened:

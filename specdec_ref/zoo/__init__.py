@@ -172,12 +172,17 @@ def load_eagle(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu
 
 
 def load(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
-         zoo_dir: Path = ZOO_DIR, fast: bool = False) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+         zoo_dir: Path = ZOO_DIR, fast: bool = False,
+         weights_first: bool = False) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``(model, tokenizer)`` in eval mode. Zoo weights are stored in bfloat16 and
     upcast to ``dtype`` (float32 by default: bf16 matmuls are slow on most CPUs).
     ``fast=True`` returns ``specdec_ref.fast.prepare(model)``: on a CPU, GGUF-coded linear
     weights (SmolLM2's) read as their codes, bf16-valued ones as bfloat16, the others prepacked
-    for oneDNN (it warns and returns the eager model where that does not apply)."""
+    for oneDNN (it warns and returns the eager model where that does not apply).
+    ``weights_first=True`` returns the eager model with its few-row float32 linear layers
+    computed as W @ xᵀ (``specdec_ref.weights_first``); it cannot be combined with ``fast``."""
+    if fast and weights_first:
+        raise ValueError("fast and weights_first are two different kernel choices for the linear layers; pick one")
     if is_eagle_head(name, zoo_dir):
         raise ValueError(f"{name} is an EAGLE draft head, not a causal LM: it drafts from its target's "
                          "features. Load it with zoo.load_eagle and pass EagleDrafter(head, target, vocab) "
@@ -190,4 +195,8 @@ def load(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
         from .. import fast as fast_path
 
         model = fast_path.prepare(model)
+    if weights_first:
+        from ..weights_first import weights_first as computed_weights_first
+
+        model = computed_weights_first(model)
     return model, load_tokenizer(name, zoo_dir)
