@@ -437,7 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --fast: the fast path also compiles the models with torch.compile (instead of prepacking)")
     p.add_argument("--weights-first", action="store_true",
                    help="the eager models compute few-row linear layers as W @ x^T (specdec_ref.weights_first): "
-                        "on CPUs where PyTorch's x @ W^T is slow for a few rows, verification costs about one step")
+                        "on CPUs where PyTorch's x @ W^T is slow for a few rows, verification costs little more than a step")
     p.set_defaults(func=run_bench)
 
     p = sub.add_parser("roofline", help="bandwidth lower bounds per token for a model size")

@@ -6,9 +6,9 @@ should take about as long: the premise of speculative decoding, v(k) near 1 (les
 MKL that PyTorch's x86 wheels ship, ``F.linear(x, W)`` broke it on the AMD EPYC CPUs measured (Zen 3,
 Zen 5): for 2 or 3 rows, SmolLM2's linear layers took about twice as long as for one, so eager v(2)
 was about 2. The same product with the weight as the left operand, ``(W @ xᵀ)ᵀ``, is another MKL
-call, and on those CPUs it took about as long for 2-4 rows as for one; one row padded with a zero
-row to two took less than the one-row call itself. ``benchmarks/eager_linear_forms.py`` measures
-both forms per row count on the machine at hand.
+call, and on a Zen 5 (the only CPU it has been measured on) it took about as long for 2-4 rows as
+for one; one row padded with a zero row to two took less than the one-row call itself.
+``benchmarks/eager_linear_forms.py`` measures both forms per row count on the machine at hand.
 
 :func:`weights_first` returns a copy of a model (sharing its weights) whose float32 CPU
 ``nn.Linear`` layers are :class:`WeightsFirstLinear`: up to :data:`MAX_ROWS` rows, padded to an
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from .fast import _copy_sharing_weights
 
-MAX_ROWS = 4  # beyond this (5-8 rows measured) neither form was consistently faster; a prefill is many rows
+MAX_ROWS = 4  # 5-8 rows: one probe only (weights-first faster up to 7, slower at 8); a prefill is many rows
 
 
 class WeightsFirstLinear(torch.nn.Linear):
