@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .fast import _copy_sharing_weights
+from .fast import _copy_sharing_weights, _linear_layers
 
 MAX_ROWS = 4  # 5-8 rows: one probe only (weights-first faster up to 7, slower at 8); a prefill is many rows
 
@@ -72,8 +72,7 @@ def weights_first(module: torch.nn.Module) -> torch.nn.Module:
     if _stock_fp32_cpu_linear(module):
         return WeightsFirstLinear.from_linear(module)
     copy = _copy_sharing_weights(module)
-    for parent in list(copy.modules()):
-        for name, child in list(parent.named_children()):
-            if _stock_fp32_cpu_linear(child):
-                setattr(parent, name, WeightsFirstLinear.from_linear(child))
+    for parent, name, layer in list(_linear_layers(copy)):
+        if _stock_fp32_cpu_linear(layer):
+            setattr(parent, name, WeightsFirstLinear.from_linear(layer))
     return copy

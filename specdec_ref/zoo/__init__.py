@@ -196,7 +196,7 @@ def load(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
 
         model = fast_path.prepare(model)
     if weights_first:
-        from ..weights_first import weights_first as computed_weights_first
+        from .. import weights_first as few_rows
 
-        model = computed_weights_first(model)
+        model = few_rows.weights_first(model)
     return model, load_tokenizer(name, zoo_dir)
