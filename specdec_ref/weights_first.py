@@ -7,7 +7,10 @@ MKL that PyTorch's x86 wheels ship, ``F.linear(x, W)`` broke it on the AMD EPYC 
 Zen 5): for 2 or 3 rows, SmolLM2's linear layers took about twice as long as for one, so eager v(2)
 was about 2. The same product with the weight as the left operand, ``(W @ xᵀ)ᵀ``, is another MKL
 call, and on a Zen 5 (the only CPU it has been measured on) it took about as long for 2-4 rows as
-for one; one row padded with a zero row to two took less than the one-row call itself.
+for one; one row padded with a zero row to two took less than the one-row call itself. Its product
+comes out column-major and is copied back to row-major (a few kilobytes): left column-major, it
+slowed every elementwise op and layer after it, and sent SDPA from its fused kernel to the unfused
+one on a masked verification pass.
 ``benchmarks/eager_linear_forms.py`` measures both forms per row count on the machine at hand.
 
 :func:`weights_first` returns a copy of a model (sharing its weights) whose float32 CPU
@@ -26,7 +29,9 @@ import torch.nn.functional as F
 
 from .fast import _copy_sharing_weights, _linear_layers
 
-MAX_ROWS = 4  # 5-8 rows: one probe only (weights-first faster up to 7, slower at 8); a prefill is many rows
+# Zen 5, benchmarks/eager_linear_forms.py --max-tokens 16: weights-first took about one row's time
+# for 2-4 rows, and was still 1.2-1.4x faster than F.linear for 5-8; about even for 9-12, slower for 13-14.
+MAX_ROWS = 8
 
 
 class WeightsFirstLinear(torch.nn.Linear):
@@ -47,7 +52,9 @@ class WeightsFirstLinear(torch.nn.Linear):
             return F.linear(x, self.weight, self.bias)
         if count % 2:  # one zero row: MKL's two-row call streams the weight faster than its one-row call
             rows = torch.cat([rows, rows.new_zeros(1, self.in_features)])
-        out = (self.weight @ rows.T).T[:count]
+        # Back to row-major, as F.linear returns it: handed on column-major, the elementwise work,
+        # the next layer and SDPA (which then leaves its fused kernel for a masked pass) all slow down.
+        out = (self.weight @ rows.T).T[:count].contiguous()
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)

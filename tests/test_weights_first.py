@@ -7,6 +7,7 @@ from torch.overrides import TorchFunctionMode
 
 from factories import build, noisy_copy, prompt
 from specdec_ref import fast, speculative_generate
+from specdec_ref.kv_cache import new_cache
 from specdec_ref.weights_first import MAX_ROWS, WeightsFirstLinear, is_weights_first, weights_first
 
 
@@ -35,6 +36,7 @@ def test_layer_computes_what_nn_linear_does(bias, rows):
         out = swapped(x)
         assert out.shape == (*shape[:-1], 80)
         torch.testing.assert_close(out, layer(x), rtol=1e-5, atol=1e-5)
+        assert out.is_contiguous(), "the next layer and attention expect nn.Linear's row-major output"
     assert fast.check_layer(layer, swapped) is None
 
 
@@ -56,6 +58,22 @@ def test_many_rows_and_other_dtypes_go_through_linear():
     with CalledFunctions() as called:
         half(torch.randn(1, 2, 48, dtype=torch.bfloat16))
     assert "linear" in called.names, "a bfloat16 input did not use F.linear"
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_attention_after_weights_first_layers_keeps_the_fused_kernel(tokens):
+    """A weights-first product is column-major; handed on as it is, SDPA fell back to its unfused
+    math kernel for a masked verification pass (on SmolLM2 that pass took 40 % longer)."""
+    target = weights_first(build("llama", 64, 2, seed=5))
+    cache = new_cache(target)
+    ids = prompt(9, seed=6)
+    target(ids[:, :6], past_key_values=cache, use_cache=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as ran:
+        target(ids[:, 6:6 + tokens], past_key_values=cache, use_cache=True)
+    kernels = {event.name for event in ran.events() if "scaled_dot_product" in event.name}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in kernels, f"a {tokens}-token pass: {sorted(kernels)}"
+    assert "aten::_scaled_dot_product_attention_math" not in kernels, f"a {tokens}-token pass ran unfused attention"
 
 
 def test_the_copy_shares_every_weight_and_leaves_the_model_as_it_was():
