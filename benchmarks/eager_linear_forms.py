@@ -1,4 +1,4 @@
-"""SmolLM2's eager target pass over 1-5 tokens, stock linear layers against weights-first ones, paired.
+"""SmolLM2's eager target pass over a few tokens, stock linear layers against weights-first ones, paired.
 
     python benchmarks/eager_linear_forms.py
     python benchmarks/eager_linear_forms.py --model zoo:target --rounds 15 --json out/forms.json

@@ -8,9 +8,9 @@ Zen 5): for 2 or 3 rows, SmolLM2's linear layers took about twice as long as for
 was about 2. The same product with the weight as the left operand, ``(W @ xᵀ)ᵀ``, is another MKL
 call, and on a Zen 5 (the only CPU it has been measured on) it took about as long for 2-4 rows as
 for one; one row padded with a zero row to two took less than the one-row call itself. Its product
-comes out column-major and is copied back to row-major (a few kilobytes): left column-major, it
-slowed every elementwise op and layer after it, and sent SDPA from its fused kernel to the unfused
-one on a masked verification pass.
+comes out column-major and is copied back to row-major (a few kilobytes): left column-major, it sent
+SDPA from its fused kernel to the unfused one on a masked verification pass, and speculative
+decoding ran 7 % slower (``zoo/MODELS.md``).
 ``benchmarks/eager_linear_forms.py`` measures both forms per row count on the machine at hand.
 
 :func:`weights_first` returns a copy of a model (sharing its weights) whose float32 CPU
@@ -52,8 +52,8 @@ class WeightsFirstLinear(torch.nn.Linear):
             return F.linear(x, self.weight, self.bias)
         if count % 2:  # one zero row: MKL's two-row call streams the weight faster than its one-row call
             rows = torch.cat([rows, rows.new_zeros(1, self.in_features)])
-        # Back to row-major, as F.linear returns it: handed on column-major, the elementwise work,
-        # the next layer and SDPA (which then leaves its fused kernel for a masked pass) all slow down.
+        # Back to row-major, as F.linear returns it: handed on column-major, the product sent SDPA
+        # to its unfused kernel on a masked (verification) pass.
         out = (self.weight @ rows.T).T[:count].contiguous()
         if self.bias is not None:
             out = out + self.bias
