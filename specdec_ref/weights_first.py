@@ -29,8 +29,8 @@ import torch.nn.functional as F
 
 from .fast import _copy_sharing_weights, _linear_layers
 
-# Zen 5, benchmarks/eager_linear_forms.py --max-tokens 16: weights-first took about one row's time
-# for 2-4 rows, and was still 1.2-1.4x faster than F.linear for 5-8; about even for 9-12, slower for 13-14.
+# Zen 5, benchmarks/eager_linear_forms.py: weights-first took 1.0-1.2 one-row times for 2-4 rows and
+# was still 1.2-1.8x faster than F.linear for 5-8 (two runs); about even for 9-12, slower for 13-14 (one).
 MAX_ROWS = 8
 
 
