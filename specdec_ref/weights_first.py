@@ -56,7 +56,7 @@ class WeightsFirstLinear(torch.nn.Linear):
         # to its unfused kernel on a masked (verification) pass.
         out = (self.weight @ rows.T).T[:count].contiguous()
         if self.bias is not None:
-            out = out + self.bias
+            out += self.bias  # in place: the copy above is already this call's own row-major tensor
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
