@@ -16,8 +16,11 @@ EOS ignored (so each run makes exactly ``--max-new-tokens`` tokens), the order r
 every other prompt, after one warm-up of each. Reported per kind and k: acceptance rate
 (accepted / drafted), tokens per target pass (tau), the median of per-prompt speedups over
 the baseline, and whether every output equals the baseline's. For the EAGLE head, also the
-acceptance rate by draft position and the cost model's prediction from the measured a, c
-and v(k) (``specdec_ref.costs``), set beside the measured speedup. With ``--fast`` the target,
+acceptance rate by draft position. For every drafter, the cost model's prediction from the
+measured a (or tau), c and v(k), set beside the measured speedup, twice: with c and v(k) from
+isolated passes timed after the runs (``specdec_ref.costs``), and with c and v as the runs
+themselves paid them, in their baselines' decode step (``specdec_ref.paired.in_run_costs``;
+the machine's speed drifts during a long run, which the first cannot follow). With ``--fast`` the target,
 the distilled draft and the head run on :func:`specdec_ref.fast.prepare`'s kernels (SmolLM2 on its
 GGUF codes), and the baseline is that fast SmolLM2. ``--eagle-min-confidence P`` adds the head
 once more, ending each draft after a token it gives less than probability P (at most k drafts).
@@ -42,6 +45,7 @@ from specdec_ref import GenerationStats, PromptLookupDrafter, fast, roofline
 from specdec_ref.bench import compare_drafters
 from specdec_ref.costs import measure_costs
 from specdec_ref.eagle import EagleDrafter
+from specdec_ref.paired import in_run_costs
 from specdec_ref.timing import threads_for_timing
 from specdec_ref.zoo import load, load_eagle
 from specdec_ref.zoo.distill import KINDS, heldout_prompts, interleave
@@ -142,6 +146,13 @@ def main() -> None:
                 total.acceptance_probability, k, c.cost_ratio, c.verify_costs[k])
             figures["predicted_from_tau"] = total.tokens_per_target_pass / (
                 total.draft_forward_calls_per_iteration * c.cost_ratio + c.verify_costs[verified])
+            # the same model with c and v as these runs paid them, in their baselines' decode step
+            c_run, v_run = in_run_costs((r["output"].stats for r in base), (r["output"].stats for r in runs))
+            figures["in_run_costs"] = {"c": c_run, "v": v_run}
+            figures["predicted_in_run"] = None if name in extra_rows else roofline.expected_speedup(
+                total.acceptance_probability, k, c_run, v_run)
+            figures["predicted_in_run_from_tau"] = total.tokens_per_target_pass / (
+                total.draft_forward_calls_per_iteration * c_run + v_run)
             entry[f"{name} k={k}"] = figures
         result["kinds"][kind] = entry
         print(f"\n{kind} ({len(rows)} prompts): baseline {entry['baseline_tokens_per_second']:.1f} tokens/s")
@@ -149,8 +160,11 @@ def main() -> None:
             f = entry[f"{method[0]} k={method[1]}"]
             from_a = "" if f["predicted"] is None else (
                 f"{f['predicted']:.2f}x from a = {f['acceptance_probability']:.3f}; ")
+            in_run = "" if f["predicted_in_run"] is None else f"{f['predicted_in_run']:.2f}x from a, "
             print(f"  {method[0]:16s} k={method[1]}: acceptance {f['acceptance_rate']:.3f}, tau {f['tau']:.2f}, "
-                  f"speedup {f['speedup']:.2f}x (predicted {from_a}{f['predicted_from_tau']:.2f}x from tau), "
+                  f"speedup {f['speedup']:.2f}x (predicted {from_a}{f['predicted_from_tau']:.2f}x from tau; "
+                  f"with the runs' own c {f['in_run_costs']['c']:.3f}, v {f['in_run_costs']['v']:.2f}: "
+                  f"{in_run}{f['predicted_in_run_from_tau']:.2f}x from tau), "
                   f"identical {f['identical']}; by position " + " ".join(f"{p:.2f}" for p in f["by_position"]))
         best = max((m for m in methods[1:] if m[0] == "eagle"), key=lambda m: entry[f"eagle k={m[1]}"]["speedup"])
         entry["eagle_best_k"] = best[1]

@@ -236,6 +236,8 @@ def demo(args: argparse.Namespace) -> None:
     print(f"predicted speedup {result['predicted_speedup']:.2f}x from a={result['acceptance_probability']:.2f}, "
           f"c={costs['cost_ratio']:.3f}, verify cost v({args.k})={costs['verify_costs'][args.k]:.2f}; "
           f"{result['predicted_speedup_from_tau']:.2f}x from the measured tokens per pass; "
+          f"{result['predicted_speedup_in_run']:.2f}x from a with c and v as the runs paid them "
+          f"(c={result['in_run_costs']['c']:.3f}, v({args.k})={result['in_run_costs']['v']:.2f}); "
           f"measured {result['speculative_speedup']:.2f}x")
     identical = all(result.get(f"{name}_identical_outputs", True)
                     for name in ("speculative", "speculative_dynamic", "hf_assisted"))
@@ -319,7 +321,8 @@ def run_bench(args: argparse.Namespace) -> None:
     for c in summary["configs"]:
         hf = f"  hf {c['hf_assisted_speedup']:.2f}x" if "hf_assisted_speedup" in c else ""
         print(f"k={c['k']:2d}  speedup {c['speculative_speedup']:.2f}x (predicted {c['predicted_speedup']:.2f}x, "
-              f"{c['predicted_speedup_from_tau']:.2f}x from tau)"
+              f"{c['predicted_speedup_from_tau']:.2f}x from tau, {c['predicted_speedup_in_run']:.2f}x with the "
+              f"runs' own c {c['in_run_costs']['c']:.3f}, v {c['in_run_costs']['v']:.2f})"
               f"{hf}  acceptance {c['acceptance_rate']:.3f} (a {c['acceptance_probability']:.3f})  "
               f"tau {c['tokens_per_target_pass']:.2f}"
               + ("" if args.do_sample else f"  identical {c['speculative_identical_outputs']}"))

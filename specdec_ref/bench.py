@@ -3,6 +3,9 @@
 All methods run on the same pair, prompts and k, in one process, interleaved prompt by
 prompt (so drift in machine load hits every method alike), after a warm-up. Speedups
 are medians of per-prompt ratios to the baseline; outputs are compared, not assumed equal.
+The cost model's prediction is given twice: with c and v(k) from isolated passes timed after the
+runs (:func:`cost_model`), and with c and v as the runs themselves paid them
+(:func:`specdec_ref.paired.in_run_costs`), which a machine whose speed drifts cannot pull apart.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from .baseline import autoregressive_generate
 from .costs import measure_costs
 from .eagle import EagleDrafter
 from .ngram import PromptLookupDrafter
+from .paired import in_run_costs
 from .inputs import clock
 from .speculative import speculative_generate
 from .stats import GenerationStats
@@ -231,10 +235,15 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
                 torch.equal(b["sequences"].cpu(), r["sequences"].cpu()) for b, r in zip(baseline, results))
         stats = [r["stats"] for r in runs[k]["speculative"]]
         total = GenerationStats.combined(stats)
+        # c and v as these very runs paid them (in their baselines' decode step): no drift between
+        # the runs and a separate measurement, and the contexts the loop really had
+        c_run, v_run = in_run_costs([b["stats"] for b in baseline], stats)
         entry |= _acceptance_figures(total) | {
             "accepted_histogram": total.accepted_histogram,
             "predicted_speedup": roofline.expected_speedup(total.acceptance_probability, k, costs["cost_ratio"],
                                                            costs["verify_costs"][k]),
+            "in_run_costs": {"c": c_run, "v": v_run},
+            "predicted_speedup_in_run": roofline.expected_speedup(total.acceptance_probability, k, c_run, v_run),
             # The same cost model fed the measured tokens per pass and draft passes per iteration
             # instead of the i.i.d. formula: where the two differ, acceptances are not independent.
             "predicted_speedup_from_tau": total.tokens_per_target_pass
@@ -422,6 +431,7 @@ def plot(summary: dict, path: str) -> None:
     left.plot(ks, [c["speculative_speedup"] for c in configs], "o-", label="specdec_ref (measured)")
     left.plot(ks, [c["predicted_speedup"] for c in configs], "s--", label="predicted from measured a, c, v(k)")
     left.plot(ks, [c["predicted_speedup_from_tau"] for c in configs], "d:", label="predicted from measured tau, c, v(k)")
+    left.plot(ks, [c["predicted_speedup_in_run"] for c in configs], "x-.", label="predicted from a, with the runs' own c, v(k)")
     if "dynamic" in configs[0]:
         left.plot(ks, [c["speculative_dynamic_speedup"] for c in configs], "v-",
                   label=f"specdec_ref, dynamic k (confidence >= {configs[0]['dynamic']['min_draft_confidence']})")

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from factories import build, noisy_copy
-from specdec_ref import bench, bf16_weights
+from specdec_ref import bench, bf16_weights, roofline
 
 PROMPTS = ["def decode(self, s):\n    ", "class JSONDecoder(object):\n", "    return  x + 123  # naïve\n"]
 
@@ -44,6 +44,11 @@ def test_run_reports_every_method_and_checks_outputs(saved_models, draft, tmp_pa
         assert len(config["accepted_histogram"]) == config["k"] + 1
         assert config["predicted_speedup"] > 0 and config["speculative_speedup"] > 0
         assert config["predicted_speedup_from_tau"] > 0
+        # the runs' own costs: prompt lookup runs no draft pass; the prediction is the model's formula on them
+        c_run, v_run = config["in_run_costs"]["c"], config["in_run_costs"]["v"]
+        assert (c_run == 0) == (draft == "ngram") and v_run > 0
+        assert config["predicted_speedup_in_run"] == pytest.approx(
+            roofline.expected_speedup(config["acceptance_probability"], config["k"], c_run, v_run))
         assert set(config["time_split_seconds"]) == {"prefill", "draft", "verify", "bookkeeping"}
     costs = summary["cost_model"]
     assert (costs["cost_ratio"] == 0) == (draft == "ngram") and set(costs["verify_costs"]) == {1, 3}
