@@ -440,9 +440,11 @@ def plot(summary: dict, path: str) -> None:
     left.axhline(1.0, color="grey", lw=1, label="baseline (break-even)")
     left.set(xlabel="k (draft tokens per iteration)", ylabel="speedup over the baseline",
              title=f"{summary['prompts']} prompts, {summary['max_new_tokens']} new tokens")
+    left.set_xticks(ks)  # k is a whole number of drafts
     left.legend(fontsize="small")
     best = next(c for c in configs if c["k"] == summary["best_k"])
     right.bar(range(len(best["accepted_histogram"])), best["accepted_histogram"])
+    right.set_xticks(range(len(best["accepted_histogram"])))
     right.set(xlabel="drafts accepted in the iteration", ylabel="iterations",
               title=f"k = {best['k']}: acceptance {best['acceptance_rate']:.2f}")
     fig.tight_layout()
