@@ -20,9 +20,9 @@ acceptance rate by draft position. For every drafter, the cost model's predictio
 measured a (or tau), c and v(k), set beside the measured speedup, twice: with c and v(k) from
 isolated passes timed after the runs (``specdec_ref.costs``), and with c and v as the runs
 themselves paid them, in their baselines' decode step (``specdec_ref.paired.in_run_costs``;
-the machine's speed drifts during a long run, which the first cannot follow). With ``--fast`` the target,
-the distilled draft and the head run on :func:`specdec_ref.fast.prepare`'s kernels (SmolLM2 on its
-GGUF codes), and the baseline is that fast SmolLM2. ``--eagle-min-confidence P`` adds the head
+the machine's speed drifts during a long run, which the first cannot follow). With ``--fast``
+the target, the distilled draft and the head run on :func:`specdec_ref.fast.prepare`'s kernels
+(SmolLM2 on its GGUF codes), and the baseline is that fast SmolLM2. ``--eagle-min-confidence P`` adds the head
 once more, ending each draft after a token it gives less than probability P (at most k drafts).
 ``--eagle-first-candidates M`` adds the head once more, proposing its best M tokens for the
 first position (the chain goes on from the best; a tree of k + M - 1 drafts, verified in one
