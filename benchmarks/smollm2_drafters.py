@@ -58,6 +58,13 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def predictions(total: GenerationStats, k: int, c: float, v: float, chain: bool) -> tuple[float | None, float]:
+    """The cost model's speedup for draft cost c and verification cost v: from a (the i.i.d. model,
+    which knows chains only: None for a tree) and from the measured tau and draft passes per iteration."""
+    from_a = roofline.expected_speedup(total.acceptance_probability, k, c, v) if chain else None
+    return from_a, total.tokens_per_target_pass / (total.draft_forward_calls_per_iteration * c + v)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--per-kind", type=int, default=4, help="held-out prompts of each kind")
@@ -140,19 +147,14 @@ def main() -> None:
                 "identical": all(torch.equal(b["output"].sequences, r["output"].sequences) for b, r in zip(base, runs)),
                 "by_position": total.acceptance_by_position,
             }
-            c, verified = costs[name], k + extra_rows.get(name, 0)
-            # the i.i.d. model from a knows chains only; a tree is predicted from its tau
-            figures["predicted"] = None if name in extra_rows else roofline.expected_speedup(
-                total.acceptance_probability, k, c.cost_ratio, c.verify_costs[k])
-            figures["predicted_from_tau"] = total.tokens_per_target_pass / (
-                total.draft_forward_calls_per_iteration * c.cost_ratio + c.verify_costs[verified])
+            c, chain = costs[name], name not in extra_rows
+            figures["predicted"], figures["predicted_from_tau"] = predictions(
+                total, k, c.cost_ratio, c.verify_costs[k + extra_rows.get(name, 0)], chain)
             # the same model with c and v as these runs paid them, in their baselines' decode step
             c_run, v_run = in_run_costs((r["output"].stats for r in base), (r["output"].stats for r in runs))
             figures["in_run_costs"] = {"c": c_run, "v": v_run}
-            figures["predicted_in_run"] = None if name in extra_rows else roofline.expected_speedup(
-                total.acceptance_probability, k, c_run, v_run)
-            figures["predicted_in_run_from_tau"] = total.tokens_per_target_pass / (
-                total.draft_forward_calls_per_iteration * c_run + v_run)
+            figures["predicted_in_run"], figures["predicted_in_run_from_tau"] = predictions(
+                total, k, c_run, v_run, chain)
             entry[f"{name} k={k}"] = figures
         result["kinds"][kind] = entry
         print(f"\n{kind} ({len(rows)} prompts): baseline {entry['baseline_tokens_per_second']:.1f} tokens/s")
