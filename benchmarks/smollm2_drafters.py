@@ -20,7 +20,10 @@ acceptance rate by draft position. For every drafter, the cost model's predictio
 measured a (or tau), c and v(k), set beside the measured speedup, twice: with c and v(k) from
 isolated passes timed after the runs (``specdec_ref.costs``), and with c and v as the runs
 themselves paid them, in their baselines' decode step (``specdec_ref.paired.in_run_costs``;
-the machine's speed drifts during a long run, which the first cannot follow). With ``--fast``
+the machine's speed drifts during a long run, which the first cannot follow). The in-run
+prediction is also made prompt by prompt, from each prompt's own tau and costs, and the median of
+those is set beside the measured median, once more with the prefill both runs pay, which the
+cost model leaves out (the JSON keeps every prompt's figures). With ``--fast``
 the target, the distilled draft and the head run on :func:`specdec_ref.fast.prepare`'s kernels
 (SmolLM2 on its GGUF codes), and the baseline is that fast SmolLM2. ``--eagle-min-confidence P`` adds the head
 once more, ending each draft after a token it gives less than probability P (at most k drafts).
@@ -63,6 +66,19 @@ def predictions(total: GenerationStats, k: int, c: float, v: float, chain: bool)
     which knows chains only: None for a tree) and from the measured tau and draft passes per iteration."""
     from_a = roofline.expected_speedup(total.acceptance_probability, k, c, v) if chain else None
     return from_a, total.tokens_per_target_pass / (total.draft_forward_calls_per_iteration * c + v)
+
+
+def per_prompt(base: dict, run: dict, k: int, chain: bool) -> dict:
+    """One prompt's speedup and tau, the prediction from its own tau and the costs its two runs
+    paid, and that prediction for the whole run: the cost model speeds up the baseline's decoding
+    only, and both runs also pay a prefill (the prompt in one pass), measured here."""
+    stats, base_stats = run["output"].stats, base["output"].stats
+    predicted = predictions(stats, k, *in_run_costs([base_stats], [stats]), chain)[1]
+    decoding = base["seconds"] - base_stats.prefill_seconds
+    return {"speedup": base["seconds"] / run["seconds"], "tau": stats.tokens_per_target_pass,
+            "prefill_seconds": stats.prefill_seconds, "baseline_prefill_seconds": base_stats.prefill_seconds,
+            "predicted_in_run_from_tau": predicted,
+            "predicted_with_prefill": base["seconds"] / (stats.prefill_seconds + decoding / predicted)}
 
 
 def main() -> None:
@@ -155,6 +171,12 @@ def main() -> None:
             figures["in_run_costs"] = {"c": c_run, "v": v_run}
             figures["predicted_in_run"], figures["predicted_in_run_from_tau"] = predictions(
                 total, k, c_run, v_run, chain)
+            # prompt by prompt: the measured speedup is a median of these ratios, while the predictions
+            # above pool tau and the costs over the kind's prompts; the same prediction per prompt
+            # (its own tau, its own in-run costs) has a median to set beside the measured one
+            figures["per_prompt"] = [per_prompt(b, r, k, chain) for b, r in zip(base, runs)]
+            for key in ("predicted_in_run_from_tau", "predicted_with_prefill"):
+                figures[f"{key}_median_over_prompts"] = statistics.median(p[key] for p in figures["per_prompt"])
             entry[f"{name} k={k}"] = figures
         result["kinds"][kind] = entry
         print(f"\n{kind} ({len(rows)} prompts): baseline {entry['baseline_tokens_per_second']:.1f} tokens/s")
@@ -166,7 +188,9 @@ def main() -> None:
             print(f"  {method[0]:16s} k={method[1]}: acceptance {f['acceptance_rate']:.3f}, tau {f['tau']:.2f}, "
                   f"speedup {f['speedup']:.2f}x (predicted {from_a}{f['predicted_from_tau']:.2f}x from tau; "
                   f"with the runs' own c {f['in_run_costs']['c']:.3f}, v {f['in_run_costs']['v']:.2f}: "
-                  f"{in_run}{f['predicted_in_run_from_tau']:.2f}x from tau), "
+                  f"{in_run}{f['predicted_in_run_from_tau']:.2f}x from tau, median over prompts "
+                  f"{f['predicted_in_run_from_tau_median_over_prompts']:.2f}x, "
+                  f"{f['predicted_with_prefill_median_over_prompts']:.2f}x with the prefill), "
                   f"identical {f['identical']}; by position " + " ".join(f"{p:.2f}" for p in f["by_position"]))
         best = max((m for m in methods[1:] if m[0] == "eagle"), key=lambda m: entry[f"eagle k={m[1]}"]["speedup"])
         entry["eagle_best_k"] = best[1]
