@@ -65,15 +65,20 @@ def predictions(total: GenerationStats, k: int, c: float, v: float, chain: bool)
     """The cost model's speedup for draft cost c and verification cost v: from a (the i.i.d. model,
     which knows chains only: None for a tree) and from the measured tau and draft passes per iteration."""
     from_a = roofline.expected_speedup(total.acceptance_probability, k, c, v) if chain else None
-    return from_a, total.tokens_per_target_pass / (total.draft_forward_calls_per_iteration * c + v)
+    return from_a, from_tau(total, c, v)
 
 
-def per_prompt(base: dict, run: dict, k: int, chain: bool) -> dict:
+def from_tau(stats: GenerationStats, c: float, v: float) -> float:
+    """The cost model's speedup from the runs' measured tau and draft passes per iteration."""
+    return roofline.speedup_from_tokens_per_pass(stats.tokens_per_target_pass, stats.draft_forward_calls_per_iteration, c, v)
+
+
+def per_prompt(base: dict, run: dict) -> dict:
     """One prompt's speedup and tau, the prediction from its own tau and the costs its two runs
     paid, and that prediction for the whole run: the cost model speeds up the baseline's decoding
     only, and both runs also pay a prefill (the prompt in one pass), measured here."""
     stats, base_stats = run["output"].stats, base["output"].stats
-    predicted = predictions(stats, k, *in_run_costs([base_stats], [stats]), chain)[1]
+    predicted = from_tau(stats, *in_run_costs([base_stats], [stats]))
     decoding = base["seconds"] - base_stats.prefill_seconds
     return {"speedup": base["seconds"] / run["seconds"], "tau": stats.tokens_per_target_pass,
             "prefill_seconds": stats.prefill_seconds, "baseline_prefill_seconds": base_stats.prefill_seconds,
@@ -174,7 +179,7 @@ def main() -> None:
             # prompt by prompt: the measured speedup is a median of these ratios, while the predictions
             # above pool tau and the costs over the kind's prompts; the same prediction per prompt
             # (its own tau, its own in-run costs) has a median to set beside the measured one
-            figures["per_prompt"] = [per_prompt(b, r, k, chain) for b, r in zip(base, runs)]
+            figures["per_prompt"] = [per_prompt(b, r) for b, r in zip(base, runs)]
             for key in ("predicted_in_run_from_tau", "predicted_with_prefill"):
                 figures[f"{key}_median_over_prompts"] = statistics.median(p[key] for p in figures["per_prompt"])
             entry[f"{name} k={k}"] = figures

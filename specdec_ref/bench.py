@@ -244,10 +244,9 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
                                                            costs["verify_costs"][k]),
             "in_run_costs": {"c": c_run, "v": v_run},
             "predicted_speedup_in_run": roofline.expected_speedup(total.acceptance_probability, k, c_run, v_run),
-            # The same cost model fed the measured tokens per pass and draft passes per iteration
-            # instead of the i.i.d. formula: where the two differ, acceptances are not independent.
-            "predicted_speedup_from_tau": total.tokens_per_target_pass
-            / (total.draft_forward_calls_per_iteration * costs["cost_ratio"] + costs["verify_costs"][k]),
+            "predicted_speedup_from_tau": roofline.speedup_from_tokens_per_pass(
+                total.tokens_per_target_pass, total.draft_forward_calls_per_iteration, costs["cost_ratio"],
+                costs["verify_costs"][k]),
             "bandwidth_achieved": statistics.median(
                 roofline.bandwidth_achieved(target_bytes, s.target_forward_calls, r["seconds"])
                 + roofline.bandwidth_achieved(draft_bytes, s.draft_forward_calls, r["seconds"])

@@ -120,7 +120,15 @@ def expected_speedup(acceptance: float, k: int, cost_ratio: float, verify_cost: 
     target pass) plus one verification pass over k + 1 tokens (``verify_cost`` in the
     same units: about 1 on a GPU at batch 1, clearly more on a CPU).
     """
-    return expected_tokens_per_pass(acceptance, k) / (k * cost_ratio + verify_cost)
+    return speedup_from_tokens_per_pass(expected_tokens_per_pass(acceptance, k), k, cost_ratio, verify_cost)
+
+
+def speedup_from_tokens_per_pass(tokens_per_pass: float, draft_passes: float, cost_ratio: float,
+                                 verify_cost: float = 1.0) -> float:
+    """The same cost model fed measured figures: ``tokens_per_pass`` (tau) new tokens for each
+    iteration's ``draft_passes`` draft passes (c each) and one verification pass (``verify_cost``).
+    Where it differs from :func:`expected_speedup` on the same runs, acceptances are not independent."""
+    return tokens_per_pass / (draft_passes * cost_ratio + verify_cost)
 
 
 def optimal_k(acceptance: float, cost_ratio: float, verify_costs: dict[int, float] | None = None,

@@ -46,6 +46,9 @@ def test_the_seed_formula_overstates_tokens_per_pass():
 def test_expected_speedup_and_optimal_k():
     assert roofline.expected_speedup(0.8, 4, 0.05) == pytest.approx(3.3616 / 1.2)
     assert roofline.expected_speedup(0.8, 4, 0.05, verify_cost=1.4) == pytest.approx(3.3616 / 1.6)
+    # fed tau as the i.i.d. model gives it, the measured-figures form is the same number
+    assert roofline.speedup_from_tokens_per_pass(3.3616, 4, 0.05, 1.4) == pytest.approx(3.3616 / 1.6)
+    assert roofline.speedup_from_tokens_per_pass(1.8, 2.5, 0.1) == pytest.approx(1.8 / 1.25)
     assert roofline.optimal_k(0.8, 0.05) == 8  # hand-tabulated: k=7 3.082, k=8 3.092, k=9 3.078
     # A costly CPU verify pass pushes the optimum down and can make speculation a loss.
     cpu_verify = {1: 1.3, 2: 1.45, 3: 1.6, 4: 1.75, 6: 2.2, 8: 2.7}
