@@ -144,7 +144,14 @@ class EagleHead(nn.Module):
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Predicted next features [B, T, d] for inputs at ``positions`` (consecutive, after
         ``past``'s), and this call's keys and values for the caller's cache."""
-        x = self.fc(torch.cat([embeds, features], dim=-1))
+        return self.predict(torch.cat([embeds, features], dim=-1), positions, past)
+
+    def predict(self, inputs: torch.Tensor, positions: torch.Tensor,
+                past: tuple[torch.Tensor, torch.Tensor] | None = None,
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`forward` on inputs already concatenated: [B, T, 2d], each row
+        [embedding of x_{t+1}; f_t] (:func:`eagle_inputs`)."""
+        x = self.fc(inputs)
         layer = self.layers[0]
         q, k, v = layer.self_attn.project(x, positions)
         keys = k if past is None else torch.cat([past[0], k], dim=2)
@@ -160,6 +167,91 @@ def causal_mask(num_queries: int, num_keys: int, device=None) -> torch.Tensor:
     """Queries are the last ``num_queries`` of ``num_keys`` positions; each reads itself and earlier."""
     q = torch.arange(num_keys - num_queries, num_keys, device=device)
     return torch.arange(num_keys, device=device)[None, :] <= q[:, None]
+
+
+def eagle_inputs(features: torch.Tensor, token_ids: torch.Tensor, embed: nn.Embedding) -> torch.Tensor:
+    """The head's input rows for target features at positions 0..m-1: row t is
+    [embedding of token t + 1; feature t], [m, 2d] (embedding first, as :meth:`EagleHead.forward`
+    and vLLM lay it out). ``features``: [m, d]; ``token_ids``: [m + 1] the tokens at positions
+    0..m (the last one the token the target chose after the last feature)."""
+    if token_ids.numel() != features.shape[0] + 1:
+        raise ValueError(f"need one token more than features (the token after each), got "
+                         f"{token_ids.numel()} tokens for {features.shape[0]} features")
+    return torch.cat([embed(token_ids[1:].to(embed.weight.device)).to(features.dtype), features], dim=-1)
+
+
+def lm_head_rows(target: nn.Module, draft_vocab: torch.LongTensor | None) -> tuple[nn.Linear, torch.LongTensor | None]:
+    """The LM head a draft head reads: the target's own (no copy), or its ``draft_vocab`` rows;
+    and ``draft_vocab`` on the LM head's device."""
+    lm_weight = target.get_output_embeddings().weight
+    draft_vocab = None if draft_vocab is None else draft_vocab.to(lm_weight.device)
+    rows = lm_weight if draft_vocab is None else lm_weight[draft_vocab].detach()
+    lm_head = nn.Linear(*rows.shape[::-1], bias=False, device="meta")  # the target's rows, not a copy of all
+    lm_head.weight = rows if draft_vocab is None else nn.Parameter(rows, requires_grad=False)
+    return lm_head, draft_vocab
+
+
+class DraftHead:
+    """An :class:`EagleHead` ready to draft one step at a time: its target's embedding
+    (``embed``), the target's LM head rows for the draft vocabulary (mapped back to target
+    ids), and its own KV cache of ``length`` positions.
+
+    ``step`` runs the head on input rows (:func:`eagle_inputs`) at the next positions and keeps
+    their keys and values; ``truncate`` forgets positions from a given one on (the entries a
+    rejected draft left). ``greedy_token`` and ``top_tokens`` read a predicted feature.
+    """
+
+    def __init__(self, head: EagleHead, target: nn.Module, draft_vocab: torch.LongTensor | None = None) -> None:
+        self.head = head
+        self.embed = target.get_input_embeddings()
+        self.lm_head, self.draft_vocab = lm_head_rows(target, draft_vocab)
+        self.keys: torch.Tensor | None = None  # [1, kv heads, length, head dim]
+        self.values: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        """Positions in the head's cache."""
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    @torch.inference_mode()
+    def step(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Run the head on ``inputs`` [m, 2d] at the next m positions, after the cached ones;
+        append their keys and values; return the predicted features [m, d]."""
+        d = self.head.config.hidden_size
+        if inputs.dim() != 2 or inputs.shape[1] != 2 * d:
+            raise ValueError(f"step reads input rows of shape [m, {2 * d}] (embedding, feature), got {list(inputs.shape)}")
+        positions = torch.arange(self.length, self.length + inputs.shape[0], device=inputs.device)
+        past = None if self.keys is None else (self.keys, self.values)
+        predicted, (k, v) = self.head.predict(inputs[None], positions, past)
+        self.keys = k if past is None else torch.cat([self.keys, k], dim=2)
+        self.values = v if past is None else torch.cat([self.values, v], dim=2)
+        return predicted[0]
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` positions of the cache."""
+        if self.keys is not None:
+            self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
+
+    @torch.inference_mode()
+    def logits(self, feature: torch.Tensor) -> torch.Tensor:
+        """The head's logits over the draft vocabulary for one predicted ``feature`` ([d] or [1, d])."""
+        d = self.head.config.hidden_size
+        if feature.numel() != d:
+            raise ValueError(f"one feature of {d} values, got shape {list(feature.shape)}")
+        return self.lm_head(feature.reshape(d).to(self.lm_head.weight.dtype))
+
+    def to_target(self, indices: torch.Tensor) -> torch.Tensor:
+        """Target ids of rows of the head's LM head."""
+        return indices if self.draft_vocab is None else self.draft_vocab[indices]
+
+    def greedy_token(self, feature: torch.Tensor) -> int:
+        """The target id of the head's best token for a predicted ``feature`` ([d] or [1, d])."""
+        return int(self.to_target(self.logits(feature).argmax()))
+
+    def top_tokens(self, feature: torch.Tensor, n: int) -> list[int]:
+        """The target ids of the head's ``n`` best tokens for a predicted ``feature``, best first."""
+        logits = self.logits(feature)
+        return self.to_target(logits.topk(min(n, logits.numel())).indices).tolist()
 
 
 class EagleDrafter:
@@ -191,17 +283,13 @@ class EagleDrafter:
             raise ValueError(f"first_candidates must be an integer >= 1, got {first_candidates!r}")
         self.target = target
         self.embed = target.get_input_embeddings()
-        lm_weight = target.get_output_embeddings().weight
-        self.draft_vocab = None if draft_vocab is None else draft_vocab.to(lm_weight.device)
-        rows = lm_weight if draft_vocab is None else lm_weight[self.draft_vocab].detach()
-        self.lm_head = nn.Linear(*rows.shape[::-1], bias=False, device="meta")  # the target's rows, not a copy of all
-        self.lm_head.weight = rows if draft_vocab is None else nn.Parameter(rows, requires_grad=False)
+        self.lm_head, self.draft_vocab = lm_head_rows(target, draft_vocab)
         self.head = head
         if fast.is_fast(target) and not fast.is_fast(head):  # the head and its LM head rows read the target's fast kernels
             self.head, self.lm_head = fast.fast_layers(head), fast.fast_layers(self.lm_head)
         elif is_weights_first(target) and not is_weights_first(head):  # the same form as the target's
             self.head, self.lm_head = weights_first(head), weights_first(self.lm_head)
-        self.vocab_size = lm_weight.shape[0]
+        self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.min_confidence = min_confidence
         self.first_candidates = first_candidates
         self.start(torch.zeros(1, dtype=torch.long), 0)

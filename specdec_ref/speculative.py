@@ -96,36 +96,59 @@ def tree_depths(parents: list[int]) -> list[int]:
     return depths
 
 
-def tree_verification_inputs(parents: list[int], cached: int, dtype: torch.dtype,
-                             device: torch.device) -> dict[str, torch.Tensor]:
-    """The ``attention_mask`` and ``position_ids`` of one target pass over [last token, tree]
-    on a cache of ``cached`` positions: every node reads the cache, the last token, its
-    ancestors and itself, at the position its depth gives (siblings share one)."""
+def tree_attention_mask(parents: list[int]) -> torch.Tensor:
+    """Which of [last token, node 0..n-1] each of them reads in a tree's verification pass:
+    [n + 1, n + 1] booleans, row i + 1 node i's (True where it reads), row and column 0 the
+    last verified token, which stands for the context (every node reads it, and the cache
+    before it). Node i reads itself and its ancestors, never a sibling or a cousin.
+    ``parents[i]``: node i's parent, -1 for a child of the last token, parents before children."""
     n = len(parents)
-    reads = torch.eye(n + 1, dtype=torch.bool, device=device)
+    reads = torch.eye(n + 1, dtype=torch.bool)
     reads[:, 0] = True
     for i, parent in enumerate(parents):
         if parent >= 0:
             reads[i + 1] |= reads[parent + 1]
+    return reads
+
+
+def tree_verification_inputs(parents: list[int], cached: int, dtype: torch.dtype,
+                             device: torch.device) -> dict[str, torch.Tensor]:
+    """The ``attention_mask`` and ``position_ids`` of one target pass over [last token, tree]
+    on a cache of ``cached`` positions: every node reads the cache, the last token, its
+    ancestors and itself (:func:`tree_attention_mask`, looked up when called, so it can be
+    swapped for another), at the position its depth gives (siblings share one)."""
+    n = len(parents)
+    reads = tree_attention_mask(parents).to(device)
     allowed = torch.cat([reads.new_ones(n + 1, cached), reads], dim=1)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
     positions = reads.sum(dim=1) - 1 + cached  # a node's depth is the number of its ancestors
     return {"attention_mask": mask[None, None], "position_ids": positions[None]}
 
 
-def accept_greedy_tree(logits: torch.Tensor, drafts: torch.LongTensor, parents: list[int]) -> tuple[list[int], int]:
-    """Greedy verdict on a tree: from the last token, step to the child the target's argmax
-    names while there is one. ``logits``: [n + 1, V] (row 0 the last token's, row i + 1 node
-    i's). Returns the accepted nodes, root to tip, and the target's token after them."""
-    target_tokens = logits.argmax(dim=-1).tolist()
+def accept_tree(target_choices: torch.Tensor, tokens: list[int], parents: list[int]) -> list[int]:
+    """The longest branch of a tree of drafts the target agrees with: from the last token,
+    step to the child whose token is the target's choice after the node it continues, while
+    there is one. ``target_choices``: [n + 1] the target's greedy tokens after [last token,
+    node 0..n-1]; ``tokens[i]``, ``parents[i]``: node i's token and parent (-1: a child of the
+    last token; siblings distinct). Returns the accepted nodes' indices, root to tip."""
+    choices = target_choices.tolist()
     children: dict[int, dict[int, int]] = {}
-    for node, (parent, token) in enumerate(zip(parents, drafts.tolist())):
+    for node, (parent, token) in enumerate(zip(parents, tokens)):
         children.setdefault(parent, {})[token] = node
     path, node = [], -1
-    while (child := children.get(node, {}).get(target_tokens[node + 1])) is not None:
+    while (child := children.get(node, {}).get(choices[node + 1])) is not None:
         path.append(child)
         node = child
-    return path, target_tokens[node + 1]
+    return path
+
+
+def accept_greedy_tree(logits: torch.Tensor, drafts: torch.LongTensor, parents: list[int]) -> tuple[list[int], int]:
+    """Greedy verdict on a tree (:func:`accept_tree`, looked up when called, so it can be
+    swapped for another). ``logits``: [n + 1, V] (row 0 the last token's, row i + 1 node
+    i's). Returns the accepted nodes, root to tip, and the target's token after them."""
+    target_tokens = logits.argmax(dim=-1)
+    path = accept_tree(target_tokens, drafts.tolist(), parents)
+    return path, int(target_tokens[path[-1] + 1 if path else 0])
 
 
 def speculative_step(

@@ -16,7 +16,7 @@ import torch
 
 from factories import build, prompt
 from specdec_ref import Sampler, speculative_generate
-from specdec_ref.eagle import EagleConfig, EagleDrafter, init_head, load_head, save_head
+from specdec_ref.eagle import DraftHead, EagleConfig, EagleDrafter, eagle_inputs, init_head, load_head, save_head
 from specdec_ref.weights_first import WeightsFirstLinear, is_weights_first, weights_first
 from specdec_ref.zoo import eagle as recipe
 from test_sampling_exactness import PROMPT, VOCAB, chi_square_pvalue, exact_joint, sample_counts
@@ -293,3 +293,46 @@ def test_a_weights_first_target_puts_the_head_on_the_same_form(target_and_head, 
     assert torch.equal(out.sequences, greedy_reference(target, ids, 40))
     if not draft_vocab:  # accepted along its training sequence, as on the stock layers
         assert out.stats.tokens_per_target_pass > 1.5
+
+
+def test_eagle_inputs_put_the_next_tokens_embedding_before_each_feature(target_and_head):
+    target = target_and_head[0]
+    embed = target.get_input_embeddings()
+    features, ids = torch.randn(4, 64), torch.tensor([7, 8, 9, 10, 11])
+    rows = eagle_inputs(features, ids, embed)
+    assert rows.shape == (4, 128)
+    assert torch.equal(rows[:, :64], embed(ids[1:])) and torch.equal(rows[:, 64:], features)
+    with pytest.raises(ValueError, match="need one token more than features"):
+        eagle_inputs(features, ids[:4], embed)
+
+
+@pytest.mark.parametrize("draft_vocab", [False, True])
+def test_draft_head_steps_draft_the_chain_the_drafter_proposes(target_and_head, draft_vocab):
+    """One step on the context's rows, then one row per draft, each reading the head's own
+    predicted feature: the EagleDrafter's chain (it runs the context and the first draft in one
+    call); truncate drops the drafts' entries, and top_tokens are the drafter's first candidates."""
+    target, head, _, sequences = target_and_head
+    vocab = torch.arange(0, target.config.vocab_size, 2) if draft_vocab else None
+    ids = sequences[2][:12]
+    features = target(ids[None, :-1], output_hidden_states=True).hidden_states[-1][0]
+    reference = EagleDrafter(head, target, vocab, first_candidates=3)
+    reference.start(ids, 8)
+    reference.update(ids, 0, features)
+    proposal = reference.propose(ids, 4, Sampler())
+
+    drafting = DraftHead(head, target, vocab)
+    predicted = drafting.step(eagle_inputs(features, ids, drafting.embed))
+    assert predicted.shape == (11, 64) and drafting.length == 11
+    assert torch.allclose(drafting.keys, reference.keys[:, :, :11], atol=1e-5)
+    chain, feature = [drafting.greedy_token(predicted[-1])], predicted[-1:]
+    firsts = drafting.top_tokens(predicted[-1], 3)
+    for _ in range(3):
+        feature = drafting.step(torch.cat([drafting.embed(torch.tensor(chain[-1:])), feature], dim=-1))
+        chain.append(drafting.greedy_token(feature))
+    assert chain == proposal.tokens[:4].tolist() and firsts == proposal.tokens[[0, 4, 5]].tolist()
+    assert firsts[0] == chain[0] and (not draft_vocab or all(t % 2 == 0 for t in chain + firsts))
+    assert drafting.length == 14
+    drafting.truncate(11)
+    assert drafting.length == 11 and torch.equal(drafting.keys, drafting.keys[:, :, :11])
+    with pytest.raises(ValueError, match="step reads input rows of shape"):
+        drafting.step(features)

@@ -9,7 +9,8 @@ import torch
 from factories import build, prompt
 from specdec_ref import Proposal, speculative_generate
 from specdec_ref.kv_cache import new_cache, rollback
-from specdec_ref.speculative import accept_greedy_tree, tree_depths, tree_verification_inputs
+from specdec_ref.speculative import (accept_greedy_tree, accept_tree, tree_attention_mask, tree_depths,
+                                      tree_verification_inputs)
 
 # A tree of 7 drafts: two branches from the last token (0 and 3), 0 -> 1 -> 2, 0 -> 6, 3 -> 4, 3 -> 5.
 PARENTS = [-1, 0, 1, -1, 3, 3, 0]
@@ -160,3 +161,45 @@ def test_a_tree_when_sampling_or_deeper_than_asked_is_refused(family_pair):
                              do_sample=True, generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="drafted 3 tokens ahead; it was asked for at most 2"):
         speculative_generate(target, OneTree([-1, 0, 1, -1]), ids, max_new_tokens=8, num_draft_tokens=2)
+
+
+def test_tree_attention_mask_by_hand():
+    """Row/column 0 is the last verified token (the context): every node reads it; node i
+    reads itself and its ancestors only."""
+    mask = tree_attention_mask(PARENTS)
+    assert mask.dtype == torch.bool and mask.shape == (8, 8)
+    assert mask[:, 0].all() and mask[0].tolist() == [True] + [False] * 7
+    for node in range(len(PARENTS)):
+        assert set(mask[node + 1].nonzero().flatten().tolist()) == {0, *(n + 1 for n in branch(PARENTS, node))}
+    assert torch.equal(tree_attention_mask([-1, 0, 1]), torch.ones(4, 4, dtype=torch.bool).tril())  # a chain is causal
+
+
+def test_accept_tree_by_hand():
+    tokens = [5, 6, 7, 8, 9, 1, 2]  # the tokens of PARENTS' nodes
+    assert accept_tree(torch.tensor([8, 0, 0, 0, 1, 0, 4, 0]), tokens, PARENTS) == [3, 5]  # the second root's branch
+    assert accept_tree(torch.tensor([5, 2, 7, 3, 0, 0, 0, 0]), tokens, PARENTS) == [0, 6]  # node 0's second child
+    assert accept_tree(torch.tensor([4, 6, 7, 3, 0, 0, 0, 0]), tokens, PARENTS) == []
+
+
+def test_the_loop_looks_the_mask_and_the_verdict_up_when_called(family_pair, monkeypatch):
+    """A notebook swaps in its own tree_attention_mask and accept_tree through the module."""
+    from specdec_ref import speculative
+
+    _, target, _, _ = family_pair
+    ids = prompt(5, seed=2)
+    expected = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                               pad_token_id=0, eos_token_id=[])
+    calls = {"mask": 0, "accept": 0}
+
+    def counted(name, function):
+        def wrapper(*args):
+            calls[name] += 1
+            return function(*args)
+        return wrapper
+
+    monkeypatch.setattr(speculative, "tree_attention_mask", counted("mask", tree_attention_mask))
+    monkeypatch.setattr(speculative, "accept_tree", counted("accept", accept_tree))
+    drafter = ScriptedTree(expected[0], target.config.vocab_size, seed=1)
+    out = speculative_generate(target, drafter, ids, max_new_tokens=12, num_draft_tokens=2, eos_token_id=[])
+    assert torch.equal(out.sequences, expected)
+    assert calls["mask"] == calls["accept"] == len(drafter.proposals) > 0  # once per tree verified
