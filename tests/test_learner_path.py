@@ -26,6 +26,8 @@ SMALLER = {
     "ex06_prompt_lookup": [("NEW_TOKENS, K = 48, 4", "NEW_TOKENS, K = 12, 4")],
     "ex07_benchmark": [("NEW_TOKENS, KS, TEMPERATURE = 32, (1, 2, 4, 6), 0.7",
                         "NEW_TOKENS, KS, TEMPERATURE = 8, (1, 2), 0.7")],
+    "ex09_feature_drafting": [("PER_KIND, NEW_TOKENS, K, REPEATS = 1, 24, 2, 2",
+                               "PER_KIND, NEW_TOKENS, K, REPEATS = 1, 6, 2, 1")],
 }
 
 
