@@ -16,6 +16,9 @@ For readers without vLLM, ``recorded`` keeps a run's results in a small JSON fil
 the machine and versions that produced them (:func:`record_run`,
 :func:`load_recorded_run`, :func:`recorded_label`); :class:`ScriptRun` runs a script,
 such as one using vLLM's offline ``LLM`` API, in vLLM's own environment.
+``recorded_metrics`` holds ``/metrics`` pages recorded from the course's own servers
+(:func:`recorded_metrics`, :func:`recorded_metrics_run`), and ``parse_check`` asks vLLM's
+own parser how it reads a speculative config or a ``vllm serve`` command line.
 
 They live in ``command``, ``server``, ``client``, ``metrics`` and ``recorded``; everything
 public is importable from here.  Only the standard library and tqdm are used,
@@ -36,6 +39,7 @@ from .recorded import (
     record_run,
     recorded_label,
 )
+from .recorded_metrics import recorded_metrics, recorded_metrics_names, recorded_metrics_run
 from .server import VLLMServer, VLLMServerError, cpu_env, port_in_use, process_group_members, venv_launcher
 
 __all__ = [
@@ -61,6 +65,9 @@ __all__ = [
     "process_group_members",
     "record_run",
     "recorded_label",
+    "recorded_metrics",
+    "recorded_metrics_names",
+    "recorded_metrics_run",
     "resolve_model",
     "serve_command",
     "speculative_config",
