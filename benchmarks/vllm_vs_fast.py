@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from specdec_ref import autoregressive_generate, fast, speculative_generate, zoo
-from specdec_ref.vllm import VLLMServer, cpu_env, venv_launcher
+from specdec_ref.vllm import VLLMServer, course_vllm_venv, cpu_env, venv_launcher
 from specdec_ref.zoo.corpus import heldout_prompts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, default=8, help="how many held-out course prompts to time")
     parser.add_argument("--k", type=int, default=4, help="draft tokens per speculative iteration")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt")
-    parser.add_argument("--venv", type=Path, default=Path(os.environ.get("SPECDEC_VLLM_VENV", REPO / ".venv-vllm")),
+    parser.add_argument("--venv", type=Path, default=course_vllm_venv(),
                         help="vLLM's environment (scripts/setup_vllm_env.sh makes .venv-vllm)")
     parser.add_argument("--json", help="also write the summary to this JSON file")
     parser.add_argument("--compile", action="store_true", help="compile the fast reference as well (torch.compile)")

@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from specdec_ref import bench
-from specdec_ref.vllm import VLLMServer, cpu_env, record_run, venv_launcher
+from specdec_ref.vllm import VLLMServer, course_vllm_venv, cpu_env, record_run, venv_launcher
 from specdec_ref.vllm.recorded_metrics import RECORDED_METRICS_DIR
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def start(name: str, venv: Path, logs: Path) -> VLLMServer:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--venv", type=Path, default=REPO / ".venv-vllm", help="vLLM's environment")
+    parser.add_argument("--venv", type=Path, default=course_vllm_venv(), help="vLLM's environment")
     parser.add_argument("--out", type=Path, default=RECORDED_METRICS_DIR, help="where the pages go")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

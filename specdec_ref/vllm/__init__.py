@@ -40,7 +40,8 @@ from .recorded import (
     recorded_label,
 )
 from .recorded_metrics import recorded_metrics, recorded_metrics_names, recorded_metrics_run
-from .server import VLLMServer, VLLMServerError, cpu_env, port_in_use, process_group_members, venv_launcher
+from .server import (VLLMServer, VLLMServerError, course_vllm_venv, cpu_env, port_in_use, process_group_members,
+                     venv_launcher)
 
 __all__ = [
     "RECORDED_FORMAT",
@@ -55,6 +56,7 @@ __all__ = [
     "VLLMServerError",
     "busy_cores_elsewhere",
     "compile_cache_status",
+    "course_vllm_venv",
     "cpu_env",
     "environment_versions",
     "iter_sse_data",

@@ -32,7 +32,7 @@ _MANAGED_FLAGS = {
 }
 # Flags from older vLLM releases and from the course's source text that no
 # longer exist: name the replacement instead of letting vLLM reject them.
-_REMOVED_FLAGS = {
+REMOVED_FLAGS = {
     "--draft-model": "vLLM has no --draft-model flag",
     "--speculative-model": "--speculative-model was removed from vLLM",
     "--num-speculative-tokens": "--num-speculative-tokens was removed from vLLM",
@@ -220,9 +220,9 @@ def _check_extra_args(extra_args: Sequence[str]) -> None:
         # vLLM accepts --flag_name as --flag-name, --flag=value, and one key of
         # a JSON option as --option.key.
         flag = arg.split("=", 1)[0].split(".", 1)[0].replace("_", "-")
-        if flag in _REMOVED_FLAGS:
+        if flag in REMOVED_FLAGS:
             raise ValueError(
-                f"{_REMOVED_FLAGS[flag]}: pass method=..., draft=... and "
+                f"{REMOVED_FLAGS[flag]}: pass method=..., draft=... and "
                 "num_speculative_tokens=..., which become --speculative-config"
             )
         if flag in _MANAGED_FLAGS:

@@ -22,6 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .command import REMOVED_FLAGS
+from .server import course_vllm_venv
+
 #: The parts of a speculative config a reading reports.
 CONFIG_FIELDS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
 #: The parts of a ``vllm serve`` command line a reading reports.
@@ -75,10 +78,8 @@ class VLLMUnavailable(RuntimeError):
 
 
 def course_vllm_python() -> Path:
-    """The interpreter of the course's vLLM environment: ``$SPECDEC_VLLM_VENV/bin/python``,
-    else ``.venv-vllm/bin/python`` in the repository that holds ``specdec_ref``."""
-    repo = Path(__file__).resolve().parents[2]
-    return Path(os.environ.get("SPECDEC_VLLM_VENV", repo / ".venv-vllm")) / "bin" / "python"
+    """The interpreter of the course's vLLM environment (:func:`~specdec_ref.vllm.server.course_vllm_venv`)."""
+    return course_vllm_venv() / "bin" / "python"
 
 
 def vllm_readings(
@@ -173,14 +174,6 @@ def course_config_reading(config: Any) -> dict[str, Any]:
             "prompt_lookup_min": low, "prompt_lookup_max": high}
 
 
-#: Flags vLLM no longer has (or never had), with what replaced them.
-REMOVED_FLAGS = {
-    "--draft-model": "vLLM has no --draft-model flag",
-    "--speculative-model": "--speculative-model was removed from vLLM",
-    "--num-speculative-tokens": "--num-speculative-tokens was removed from vLLM",
-    "--ngram-prompt-lookup-max": "--ngram-prompt-lookup-max was removed from vLLM",
-    "--ngram-prompt-lookup-min": "--ngram-prompt-lookup-min was removed from vLLM",
-}
 _ARGV_FLAGS = {"--host": "host", "--port": "port", "--speculative-config": "speculative_config",
                "-sc": "speculative_config", "--spec-method": "spec_method", "--spec-model": "spec_model",
                "--spec-tokens": "spec_tokens"}

@@ -64,6 +64,12 @@ class VLLMServerError(RuntimeError):
     """The server could not start, died, or did not become healthy in time."""
 
 
+def course_vllm_venv() -> Path:
+    """The course's vLLM environment: ``$SPECDEC_VLLM_VENV``, else ``.venv-vllm`` in the
+    repository that holds ``specdec_ref`` (where ``scripts/setup_vllm_env.sh`` puts it)."""
+    return Path(os.environ.get("SPECDEC_VLLM_VENV", Path(__file__).resolve().parents[2] / ".venv-vllm"))
+
+
 def venv_launcher(venv: str | os.PathLike[str]) -> list[str]:
     """The launcher that starts vLLM's OpenAI server from virtual environment ``venv``.
 

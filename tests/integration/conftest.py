@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec_ref.vllm import cpu_env, venv_launcher
+from specdec_ref.vllm import course_vllm_venv, cpu_env, venv_launcher
 
 REPO = Path(__file__).resolve().parents[2]
 # Throughput and acceptance figures collected by the tests, printed at the end.
@@ -30,7 +30,7 @@ REPORT: list[str] = []
 
 def vllm_venv() -> Path:
     """The vLLM environment: ``SPECDEC_VLLM_VENV``, else the setup script's default."""
-    return Path(os.environ.get("SPECDEC_VLLM_VENV", REPO / ".venv-vllm"))
+    return course_vllm_venv()
 
 
 @pytest.fixture(scope="session")
