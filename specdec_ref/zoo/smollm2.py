@@ -15,6 +15,7 @@ The cache lives in ``$SPECDEC_CACHE`` (default ``~/.cache/specdec``); delete its
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import importlib.util
 import io
 import json
@@ -125,6 +126,12 @@ def ensure_converted(root: Path | None = None) -> Path:
     """The converted folder, converting on first use; its checksums verified."""
     dest = converted_dir(root)
     if not (dest / STAMP).is_file():
-        convert(gguf_path(), dest)
+        # Processes starting at once (kernels graded side by side) convert once: the first
+        # holds the lock while it converts, the others then find its folder.
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with open(dest.parent / f"{dest.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (dest / STAMP).is_file():
+                convert(gguf_path(), dest)
     verify(dest)
     return dest
