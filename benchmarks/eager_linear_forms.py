@@ -4,7 +4,7 @@
     python benchmarks/eager_linear_forms.py --model zoo:target --rounds 15 --json out/forms.json
 
 One process holds both versions of the model (sharing their weights): PyTorch's stock
-``nn.Linear`` (x @ Wᵀ) and :mod:`specdec_ref.weights_first` (W @ xᵀ, a few rows padded to an
+``nn.Linear`` (x @ Wᵀ) and :mod:`specdec_ref.kernels.weights_first` (W @ xᵀ, a few rows padded to an
 even count). Every round times a pass of n tokens on a ``--context``-token KV cache for every n
 and both forms back to back, the form that goes first alternating; one warm-up round is
 discarded. Printed per n: the median milliseconds and their interquartile range, the bandwidth
@@ -26,7 +26,7 @@ from specdec_ref import roofline
 from specdec_ref.kv_cache import new_cache, rollback
 from specdec_ref.timing import quartiles, threads_for_timing
 from specdec_ref.vllm.recorded import cpu_model as cpu_name
-from specdec_ref.weights_first import weights_first
+from specdec_ref.kernels.weights_first import weights_first
 from specdec_ref.zoo import load
 
 

@@ -2,7 +2,7 @@
 
     python benchmarks/smollm2_drafters.py                      # 4 held-out prompts per kind, k = 2,3,4
     python benchmarks/smollm2_drafters.py --per-kind 2 --k 3 --json out/drafters.json
-    python benchmarks/smollm2_drafters.py --fast               # everything on specdec_ref.fast's kernels
+    python benchmarks/smollm2_drafters.py --fast               # everything on specdec_ref.kernels.fast's kernels
     python benchmarks/smollm2_drafters.py --fast --k 2,4 --eagle-min-confidence 0.5   # also the head, stopping early
     python benchmarks/smollm2_drafters.py --fast --eagle zoo:smollm2-eagle --eagle RUN/smollm2-eagle  # two heads, paired
     python benchmarks/smollm2_drafters.py --fast --k 2,3 --eagle-first-candidates 2   # also a tree: 2 first drafts
@@ -24,7 +24,7 @@ the machine's speed drifts during a long run, which the first cannot follow). Th
 prediction is also made prompt by prompt, from each prompt's own tau and costs, and the median of
 those is set beside the measured median, once more with the prefill both runs pay, which the
 cost model leaves out (the JSON keeps every prompt's figures). With ``--fast``
-the target, the distilled draft and the head run on :func:`specdec_ref.fast.prepare`'s kernels
+the target, the distilled draft and the head run on :func:`specdec_ref.kernels.fast.prepare`'s kernels
 (SmolLM2 on its GGUF codes), and the baseline is that fast SmolLM2. ``--eagle-min-confidence P`` adds the head
 once more, ending each draft after a token it gives less than probability P (at most k drafts).
 ``--eagle-first-candidates M`` adds the head once more, proposing its best M tokens for the
@@ -44,7 +44,8 @@ from pathlib import Path
 
 import torch
 
-from specdec_ref import GenerationStats, PromptLookupDrafter, fast, roofline
+from specdec_ref import GenerationStats, PromptLookupDrafter, roofline
+from specdec_ref.kernels import fast
 from specdec_ref.bench import compare_drafters
 from specdec_ref.costs import measure_costs
 from specdec_ref.eagle import EagleDrafter
@@ -92,9 +93,9 @@ def main() -> None:
     parser.add_argument("--k", default="2,3,4", help="comma-separated draft lengths")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt")
     parser.add_argument("--json", help="write every figure to this path")
-    parser.add_argument("--fast", action="store_true", help="target and drafts on specdec_ref.fast's kernels")
+    parser.add_argument("--fast", action="store_true", help="target and drafts on specdec_ref.kernels.fast's kernels")
     parser.add_argument("--weights-first", action="store_true",
-                        help="eager target and drafts, few-row linear layers computed as W @ x^T (specdec_ref.weights_first)")
+                        help="eager target and drafts, few-row linear layers computed as W @ x^T (specdec_ref.kernels.weights_first)")
     parser.add_argument("--eagle", action="append", metavar="HEAD",
                         help="an EAGLE head to run (zoo name or folder; repeat for several; default zoo:smollm2-eagle)")
     parser.add_argument("--eagle-min-confidence", type=float,

@@ -7,7 +7,7 @@
 
 Two servers run one after the other, float32 like the reference: plain decoding, then
 draft-model speculation with k drafts per step. While a server is up, every prompt is
-sent to it and decoded by the reference (eager model and ``specdec_ref.fast.prepare``d
+sent to it and decoded by the reference (eager model and ``specdec_ref.kernels.fast.prepare``d
 model) in the same process, interleaved prompt by prompt with the order alternating, so
 a change in machine load hits every method alike. Each request makes exactly
 ``--max-new-tokens`` tokens (EOS ignored); tokens/s counts the whole request, prefill
@@ -29,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from specdec_ref import autoregressive_generate, fast, speculative_generate, zoo
+from specdec_ref import autoregressive_generate, speculative_generate, zoo
+from specdec_ref.kernels import fast
 from specdec_ref.vllm import VLLMServer, course_vllm_venv, cpu_env, venv_launcher
 from specdec_ref.zoo.corpus import heldout_prompts
 

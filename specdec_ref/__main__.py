@@ -135,7 +135,7 @@ def showcase(k: int, max_new_tokens: int, rounds: int = 2) -> None:
     """A real model's text, decoded speculatively: SmolLM2-135M-Instruct answers a chat question
     through its EAGLE head, streamed as tokens are accepted; then the same generation timed
     against the target alone (paired, alternating) and the health check. Both run on the fast
-    path where it applies (SmolLM2 reads its GGUF codes, :mod:`specdec_ref.fast`): on an
+    path where it applies (SmolLM2 reads its GGUF codes, :mod:`specdec_ref.kernels.fast`): on an
     AVX2-only CPU the eager path's verification passes cost about two one-token steps, and the
     head does not pay there. Whether it is faster is measured and printed, not assumed."""
     from transformers import TextStreamer
@@ -251,10 +251,10 @@ def demo(args: argparse.Namespace) -> None:
     bench.plot(summary, args.plot)
     print(f"\nfigure written to {args.plot}")
 
-    from . import fast
+    from .kernels import fast
 
     fast_prompts = prompts[: args.fast_prompts]
-    print("\n--- the fast path (specdec_ref.fast: GGUF codes and bf16-valued weights read as stored, others "
+    print("\n--- the fast path (specdec_ref.kernels.fast: GGUF codes and bf16-valued weights read as stored, others "
           f"prepacked), eager vs fast on {len(fast_prompts)} prompts, interleaved ---")
     usable, reason = fast.available(pair.target)
     if not usable or not fast_prompts:
@@ -286,7 +286,7 @@ def run_bench(args: argparse.Namespace) -> None:
     pair = bench.load_pair(args.target, args.draft, device=args.device, dtype=DTYPES[args.dtype],
                            weights_first=args.weights_first)
     if args.weights_first:
-        print("eager models: few-row linear layers computed weights-first (W @ x^T; specdec_ref.weights_first)")
+        print("eager models: few-row linear layers computed weights-first (W @ x^T; specdec_ref.kernels.weights_first)")
     if pair.draft_model is None and not pair.prompt_lookup and not args.no_hf:
         print(f"{args.draft} drafts from the target's features; transformers has no such drafter, so its "
               "assisted generation is left out (as with --no-hf)")
@@ -435,11 +435,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", help="write the speedup-vs-k figure (PNG) to this path")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
     p.add_argument("--fast", action="store_true",
-                   help="eager vs the fast path (specdec_ref.fast), baseline and speculative, side by side")
+                   help="eager vs the fast path (specdec_ref.kernels.fast), baseline and speculative, side by side")
     p.add_argument("--compile", action="store_true",
                    help="with --fast: the fast path also compiles the models with torch.compile (instead of prepacking)")
     p.add_argument("--weights-first", action="store_true",
-                   help="the eager models compute few-row linear layers as W @ x^T (specdec_ref.weights_first): "
+                   help="the eager models compute few-row linear layers as W @ x^T (specdec_ref.kernels.weights_first): "
                         "on CPUs where PyTorch's x @ W^T is slow for a few rows, verification costs little more than a step")
     p.set_defaults(func=run_bench)
 

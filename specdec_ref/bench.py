@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from . import fast, roofline
+from . import roofline
+from .kernels import fast
 from .baseline import autoregressive_generate
 from .costs import measure_costs
 from .eagle import EagleDrafter
@@ -73,7 +74,7 @@ def load_pair(target: str, draft: str, device: str = "cpu", dtype: torch.dtype =
     """Load a pair by zoo name (``zoo:target``), local path or Hub id; ``draft="ngram"`` is prompt
     lookup; an EAGLE head (``zoo:smollm2-eagle`` or its folder) drafts from the target's features.
     ``weights_first=True``: both models' few-row linear layers computed as W @ xᵀ
-    (:mod:`specdec_ref.weights_first`)."""
+    (:mod:`specdec_ref.kernels.weights_first`)."""
     from . import zoo
 
     target_model, target_tokenizer = zoo.load(target, dtype=dtype, device=device, weights_first=weights_first)
@@ -323,7 +324,7 @@ def dram_bandwidth(rounds: int = 3) -> float:
 
 def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: int = 128,
              progress: bool = True, compile: bool = False, bandwidth: float | None = None) -> dict:
-    """The eager pair against its :func:`specdec_ref.fast.prepare` version, side by side.
+    """The eager pair against its :func:`specdec_ref.kernels.fast.prepare` version, side by side.
 
     Baseline and speculative decoding at every k run for both versions on every prompt,
     interleaved (each prompt alternates which version goes first), after a warm-up whose
@@ -332,7 +333,7 @@ def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_toke
     by prompt. Bandwidth achieved is also given as a share of the DRAM bandwidth measured
     here, with the torch threads used (or ``bandwidth``, bytes/s, if the caller measured it
     already: one figure per report); each version's bytes are those it reads
-    (:func:`specdec_ref.fast.streamed_weight_bytes`). Raises ``ValueError`` where the fast path does not apply.
+    (:func:`specdec_ref.roofline.streamed_weight_bytes`). Raises ``ValueError`` where the fast path does not apply.
     """
     ok, reason = (fast.compile_available if compile else fast.available)(pair.target)
     if not ok:
@@ -368,8 +369,8 @@ def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_toke
                 runs[version, k].append({"sequences": out.sequences, "seconds": seconds, "stats": out.stats})
 
     # Bytes each version reads per pass: bf16-stored layers read half their fp32 weight's.
-    streamed = {version: (fast.streamed_weight_bytes(p.target),
-                          pair.draft_weight_bytes if pair.draft_model is None else fast.streamed_weight_bytes(p.draft))
+    streamed = {version: (roofline.streamed_weight_bytes(p.target),
+                          pair.draft_weight_bytes if pair.draft_model is None else roofline.streamed_weight_bytes(p.draft))
                 for version, p in versions.items()}
     eager_baseline = runs["eager", None]
 

@@ -13,6 +13,7 @@ import torch
 
 from .inputs import check_context, context_length
 from .kv_cache import new_cache, rollback
+from .modules import GREEDY_DRAFTS
 from .sampling import Sampler
 
 
@@ -57,12 +58,6 @@ class Drafter(Protocol):
         its cache gained (after the prefill, the prompt's but the last; after a verification,
         the last token's and the accepted drafts'), taken from the pass the loop ran anyway.
         """
-
-
-# A model may carry, under this attribute, a faster way to draft k greedy tokens with the same
-# result: ``(cache, tokens, k, vocab_size) -> (drafts, forward calls)``, where ``tokens`` is the
-# whole sequence (at least two tokens). ``specdec_ref.fast``'s compiled models do: one graph for k steps.
-GREEDY_DRAFTS = "_specdec_greedy_drafts"
 
 
 class ModelDrafter:

@@ -27,11 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fast
 from .drafters import Proposal
 from .inputs import check_context
+from .modules import like
+from .roofline import streamed_weight_bytes
 from .sampling import Sampler
-from .weights_first import is_weights_first, weights_first
 
 
 @dataclass(frozen=True)
@@ -284,18 +284,15 @@ class EagleDrafter:
         self.target = target
         self.embed = target.get_input_embeddings()
         self.lm_head, self.draft_vocab = lm_head_rows(target, draft_vocab)
-        self.head = head
-        if fast.is_fast(target) and not fast.is_fast(head):  # the head and its LM head rows read the target's fast kernels
-            self.head, self.lm_head = fast.fast_layers(head), fast.fast_layers(self.lm_head)
-        elif is_weights_first(target) and not is_weights_first(head):  # the same form as the target's
-            self.head, self.lm_head = weights_first(head), weights_first(self.lm_head)
+        # The head and its LM head rows on the target's kernels (fast, weights-first or eager).
+        self.head, self.lm_head = like(head, target), like(self.lm_head, target)
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.min_confidence = min_confidence
         self.first_candidates = first_candidates
         self.start(torch.zeros(1, dtype=torch.long), 0)
 
     def for_target(self, target: nn.Module) -> EagleDrafter:
-        """The same head drafting for another version of its target (the fast one of :func:`specdec_ref.fast.prepare`)."""
+        """The same head drafting for another version of its target (the fast one of :func:`specdec_ref.kernels.fast.prepare`)."""
         return EagleDrafter(self.head, target, self.draft_vocab, self.min_confidence, self.first_candidates)
 
     def start(self, prompt: torch.LongTensor, max_new_tokens: int) -> None:
@@ -379,7 +376,7 @@ class EagleDrafter:
     def weight_bytes(self) -> float:
         """Bytes one draft step reads: the head, its LM head rows and one embedding row."""
         row = self.embed.weight[0]
-        return fast.streamed_weight_bytes(self.head) + fast.streamed_weight_bytes(self.lm_head) + float(
+        return streamed_weight_bytes(self.head) + streamed_weight_bytes(self.lm_head) + float(
             row.numel() * row.element_size())
 
 

@@ -87,7 +87,7 @@ class PreallocatedLayer(DynamicLayer):
 def new_cache(model: torch.nn.Module) -> DynamicCache:
     """An empty dynamic cache for ``model`` (layers are filled on the first forward).
 
-    A model from ``specdec_ref.fast.prepare`` gets :class:`PreallocatedLayer` s for its
+    A model from ``specdec_ref.kernels.fast.prepare`` gets :class:`PreallocatedLayer` s for its
     full-attention layers: no per-step copy of the cache, and a rollback that costs nothing.
     """
     cache = DynamicCache(config=model.config)

@@ -5,6 +5,7 @@
   batch size instead of draft length).
 - :func:`profile_step`: where one decode step's time goes, at any batch size, as parts of one
   total (the parts' medians add up to the total the shares are taken of).
+- :func:`matmul_bandwidth`: the weight bandwidth one linear kernel achieves, streaming from DRAM.
 - :func:`whole_percentages`: shares rounded to whole percents that still add up to 100.
 - :func:`rejection_output_distribution`: the exact distribution of the first token the
   speculative-sampling rule emits when the draft samples from one distribution and the verifier
@@ -12,20 +13,28 @@
 """
 from __future__ import annotations
 
+import contextlib
+import math
+import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from .fast import decode_step
 from .inputs import check_context, clock as device_clock
+from .kernels import bf16, packed
 from .kv_cache import new_cache, rollback
-from .timing import quartiles
+from .roofline import last_level_cache_bytes
+from .timing import decode_step, quartiles
 
 # The parts profile_step splits a step into, in display order.
 STEP_PARTS = ("weight matmuls", "attention", "concatenation", "other ops", "outside ops")
+# Top-level profiler op names that are a weight matmul (eager nn.Linear, GPT-2 Conv1D, the fast kernels).
+LINEAR_OPS = frozenset({"aten::linear", "aten::addmm", "mkldnn::_linear_pointwise", "specdec::bf16_weights_linear",
+                        "specdec::gguf_weights_linear"})
 
 
 @dataclass(frozen=True)
@@ -92,8 +101,6 @@ def measure_batch_costs(model: torch.nn.Module, context: int, batches: Iterable[
 
 
 def _part(name: str) -> str:
-    from .fast import LINEAR_OPS
-
     if name in LINEAR_OPS:
         return "weight matmuls"
     if "scaled_dot_product" in name:
@@ -119,8 +126,6 @@ def profile_step(model: torch.nn.Module, context: int = 64, batch: int = 1, repe
     """
     from torch.profiler import ProfilerActivity, profile
 
-    from .fast import _silenced_stderr
-
     if batch < 1 or repeats < 1 or context < 1:
         raise ValueError(f"need batch, repeats and context >= 1 (got {batch}, {repeats}, {context})")
     check_context(model, context + 1, "model")
@@ -130,7 +135,7 @@ def profile_step(model: torch.nn.Module, context: int = 64, batch: int = 1, repe
     model(ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
     steps = []
     for i in range(repeats + 1):  # the first step is the warm-up
-        with _silenced_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        with silenced_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
             start = time.perf_counter()
             model(ids[:, context:], past_key_values=cache, use_cache=True, logits_to_keep=1)
             wall = time.perf_counter() - start
@@ -145,6 +150,70 @@ def profile_step(model: torch.nn.Module, context: int = 64, batch: int = 1, repe
         steps.append(step)
     parts = {part: statistics.median(s[part] for s in steps) for part in STEP_PARTS}
     return parts | {"total": sum(parts.values())}
+
+
+@contextlib.contextmanager
+def silenced_stderr():
+    """Send file descriptor 2 to /dev/null: the profiler's C++ side logs a line at every start and stop."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+@torch.inference_mode()
+def matmul_bandwidth(out_features: int, in_features: int, fast: bool = False, tokens: int = 1,
+                     repeats: int = 5, seed: int = 0, bf16_weights: bool = False) -> dict[str, float]:
+    """The weight bandwidth one linear kernel achieves on ``tokens`` input rows.
+
+    ``fast=False`` times ``nn.Linear`` (PyTorch's default CPU kernel), ``fast=True`` the
+    prepacked oneDNN kernel (:mod:`specdec_ref.kernels.packed`), ``bf16_weights=True`` the bf16-stored
+    kernel (:mod:`specdec_ref.kernels.bf16`, on bf16-valued weights; it reads 2 bytes per weight).
+    Either raises ``RuntimeError`` where it is not available. Like a decode step, which
+    streams weights far larger than the cache, the calls cycle through enough copies of the
+    weight to overflow the last-level cache, so the figure is DRAM bandwidth, not cache
+    bandwidth.
+
+    Returns ``seconds`` (median per call), ``bytes_per_second`` (weight bytes read / seconds),
+    ``weight_bytes`` (as the kernel reads them) and ``copies`` (distinct weights cycled through).
+    """
+    if fast and bf16_weights:
+        raise ValueError("choose one kernel: fast=True (prepacked) or bf16_weights=True")
+    ok, reason = bf16.available() if bf16_weights else packed.available() if fast else (True, "")
+    if not ok:
+        raise RuntimeError(f"the {'bf16-weight kernel' if bf16_weights else 'fast path'} is not available: {reason}")
+    weight_bytes = out_features * in_features * (2 if bf16_weights else 4)
+    llc = last_level_cache_bytes() or 32 * 2**20
+    copies = max(1, math.ceil(2 * llc / weight_bytes))
+    generator = torch.Generator().manual_seed(seed)
+    layers = []
+    for _ in range(copies):
+        layer = torch.nn.Linear(in_features, out_features, bias=False)
+        layer.weight.copy_(torch.randn(out_features, in_features, generator=generator))
+        if bf16_weights:
+            layer.weight.copy_(layer.weight.to(torch.bfloat16).float())  # bf16 values, like the zoo's
+            layer = bf16.Bf16WeightLinear(layer.weight, None)
+        elif fast:
+            layer = packed.PackedLinear.from_layer(layer)
+        layers.append(layer)
+    x = torch.randn(1, tokens, in_features, generator=generator)
+    rounds = max(1, math.ceil(50 / copies))  # at least ~50 calls per timing
+    times = []
+    for i in range(repeats + 1):  # the first pass is the warm-up
+        start = time.perf_counter()
+        for _ in range(rounds):
+            for layer in layers:
+                layer(x)
+        if i:
+            times.append((time.perf_counter() - start) / (rounds * copies))
+    seconds = statistics.median(times)
+    return {"seconds": seconds, "bytes_per_second": weight_bytes / seconds, "weight_bytes": float(weight_bytes),
+            "copies": float(copies)}
 
 
 def whole_percentages(values: Sequence[float]) -> list[int]:

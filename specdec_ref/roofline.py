@@ -54,6 +54,17 @@ def weight_bytes(model_or_params: torch.nn.Module | float, dtype: str | None = N
     return float(model_or_params) * DTYPE_BYTES[dtype]
 
 
+def streamed_weight_bytes(model: torch.nn.Module) -> float:
+    """Weight bytes one decode step reads: :func:`weight_bytes`, with the copy each layer that
+    ``streams_packed`` reads (a bf16 copy, GGUF codes and scales: :mod:`specdec_ref.kernels`) in
+    place of its fp32 weight."""
+    total = weight_bytes(model)
+    for layer in model.modules():
+        if getattr(layer, "streams_packed", False):
+            total += layer.packed.numel() * layer.packed.element_size() - layer.weight.numel() * layer.weight.element_size()
+    return total
+
+
 def seconds_per_token_bound(weight_bytes: float, bandwidth: float) -> float:
     """The memory-bandwidth lower bound on one batch-1 decode step: every weight read once."""
     return weight_bytes / bandwidth

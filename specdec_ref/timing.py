@@ -18,6 +18,8 @@ from typing import Any
 import psutil
 import torch
 
+from .kv_cache import new_cache, rollback
+
 # torch's own choice at import, so that a later call can give threads back.
 DEFAULT_THREADS = torch.get_num_threads()
 
@@ -91,3 +93,17 @@ def time_paired(fn_a: Callable[[], Any], fn_b: Callable[[], Any], warmup: int = 
         "median_seconds_a": statistics.median(seconds_a),
         "median_seconds_b": statistics.median(seconds_b),
     }
+
+
+def decode_step(model: torch.nn.Module, context: int, seed: int = 0, batch: int = 1):
+    """A function that decodes one (seeded random) token per sequence on a ``context``-token
+    cache of ``batch`` sequences and rolls the cache back, so that every call does the same work."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (batch, context + 1), generator=generator).to(model.device)
+    cache = new_cache(model)
+    model(ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+
+    def step() -> None:
+        model(ids[:, context:], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        rollback(cache, context)
+    return step

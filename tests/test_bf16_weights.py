@@ -1,4 +1,4 @@
-"""specdec_ref.bf16_weights: the kernel against PyTorch's, its layout, when it applies, and the fast path built on it.
+"""specdec_ref.kernels.bf16: the kernel against PyTorch's, its layout, when it applies, and the fast path built on it.
 
 Speed is measured by ``python -m specdec_ref bench --fast``, never asserted here.
 """
@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from factories import assert_passes_on_the_avx2_build, build, noisy_copy, prompt
-from specdec_ref import autoregressive_generate, bf16_weights, fast, speculative_generate, zoo
-from specdec_ref.roofline import weight_bytes
+from specdec_ref import autoregressive_generate, speculative_generate, zoo
+from specdec_ref.kernels import bf16 as bf16_weights, fast
+from specdec_ref.roofline import streamed_weight_bytes, weight_bytes
 
 CPU_FLAGS = bf16_weights._cpu_flags()
 VECTOR_UNITS = bf16_weights.has_vector_units(CPU_FLAGS)
@@ -153,11 +154,11 @@ def test_prepare_reads_zoo_weights_as_bf16_and_counts_half_the_bytes():
     assert fast.path_name(quick) == "bf16-stored weights (50 of 50 linear layers)"
     assert all(a is b for a, b in zip(quick.parameters(), target.parameters()))
     linear_bytes = sum(m.weight.numel() * 4 for m in halved)
-    assert fast.streamed_weight_bytes(quick) == weight_bytes(target) - linear_bytes / 2
-    assert fast.streamed_weight_bytes(target) == weight_bytes(target)
+    assert streamed_weight_bytes(quick) == weight_bytes(target) - linear_bytes / 2
+    assert streamed_weight_bytes(target) == weight_bytes(target)
     packed = fast.prepare(target, bf16_weights=False)
     assert fast.path_name(packed) == "prepacked oneDNN weights"
-    assert fast.streamed_weight_bytes(packed) == weight_bytes(target)
+    assert streamed_weight_bytes(packed) == weight_bytes(target)
 
 
 def test_prepare_packs_random_fp32_weights_instead():

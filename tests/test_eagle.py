@@ -17,7 +17,7 @@ import torch
 from factories import build, prompt
 from specdec_ref import Sampler, speculative_generate
 from specdec_ref.eagle import DraftHead, EagleConfig, EagleDrafter, eagle_inputs, init_head, load_head, save_head
-from specdec_ref.weights_first import WeightsFirstLinear, is_weights_first, weights_first
+from specdec_ref.kernels.weights_first import WeightsFirstLinear, is_weights_first, weights_first
 from specdec_ref.zoo import eagle as recipe
 from test_sampling_exactness import PROMPT, VOCAB, chi_square_pvalue, exact_joint, sample_counts
 

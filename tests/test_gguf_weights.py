@@ -1,4 +1,4 @@
-"""specdec_ref.gguf_weights: codes recovered exactly or not at all, the layout, the kernel against
+"""specdec_ref.kernels.gguf: codes recovered exactly or not at all, the layout, the kernel against
 PyTorch's, and zoo:smollm2 (de-quantised from Q4_1 and Q8_0) on it, with its EAGLE head.
 
 Speed is measured by ``python -m specdec_ref bench --fast``, never asserted here.
@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from factories import assert_passes_on_the_avx2_build, build
-from specdec_ref import autoregressive_generate, bf16_weights, fast, gguf_weights, speculative_generate, zoo
+from specdec_ref import autoregressive_generate, speculative_generate, zoo
+from specdec_ref.kernels import bf16 as bf16_weights, fast, gguf as gguf_weights
 from specdec_ref.eagle import EagleDrafter
-from specdec_ref.roofline import weight_bytes
+from specdec_ref.roofline import streamed_weight_bytes, weight_bytes
 from test_bf16_weights import rounding_bound
 
 VECTOR_UNITS = bf16_weights.has_vector_units(bf16_weights._cpu_flags())
@@ -152,8 +153,8 @@ def test_prepare_reads_smollm2_as_its_gguf_codes(smollm2):
     fp32_bytes = sum(m.weight.numel() * 4 for m in layers)
     # per 32 weights: the codes (4 or 8 bits each) and two float32 (scale, offset)
     assert all(m.packed.numel() == m.weight.numel() * (m.bits + 2) // 8 for m in layers)
-    assert fast.streamed_weight_bytes(quick) == weight_bytes(target) - fp32_bytes + sum(m.packed.numel() for m in layers)
-    assert fast.streamed_weight_bytes(quick) < weight_bytes(target) / 4
+    assert streamed_weight_bytes(quick) == weight_bytes(target) - fp32_bytes + sum(m.packed.numel() for m in layers)
+    assert streamed_weight_bytes(quick) < weight_bytes(target) / 4
 
 
 @needs_kernel

@@ -6,7 +6,8 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from factories import build, noisy_copy, prompt
-from specdec_ref import autoregressive_generate, fast, speculative_generate
+from specdec_ref import autoregressive_generate, speculative_generate
+from specdec_ref.kernels import fast
 from specdec_ref.kv_cache import CAPACITY_ATTRIBUTE, PreallocatedLayer, new_cache, reserve, rollback
 from specdec_ref.ngram import PromptLookupDrafter
 

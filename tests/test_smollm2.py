@@ -289,7 +289,7 @@ def test_the_shipped_head_drafts_for_weights_first_smollm2(real_pair):
     """`bench --weights-first`'s pair: SmolLM2 and the head on weights-first linear layers give
     the stock SmolLM2's greedy tokens, with EOS and from a one-token prompt."""
     from specdec_ref.bench import load_pair
-    from specdec_ref.weights_first import is_weights_first
+    from specdec_ref.kernels.weights_first import is_weights_first
 
     pair = load_pair("zoo:smollm2", "zoo:smollm2-eagle", weights_first=True)
     assert is_weights_first(pair.target) and is_weights_first(pair.draft.head)

@@ -1,4 +1,4 @@
-"""The eager model with few-row linear layers computed as W @ xᵀ (specdec_ref.weights_first)."""
+"""The eager model with few-row linear layers computed as W @ xᵀ (specdec_ref.kernels.weights_first)."""
 from __future__ import annotations
 
 import pytest
@@ -6,9 +6,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from factories import build, noisy_copy, prompt
-from specdec_ref import fast, speculative_generate
+from specdec_ref import speculative_generate
+from specdec_ref.kernels import fast
 from specdec_ref.kv_cache import new_cache
-from specdec_ref.weights_first import MAX_ROWS, WeightsFirstLinear, is_weights_first, weights_first
+from specdec_ref.kernels.weights_first import MAX_ROWS, WeightsFirstLinear, is_weights_first, weights_first
 
 
 class CalledFunctions(TorchFunctionMode):

@@ -17,7 +17,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from ..zoo.smollm2 import cache_root
+from ..paths import cache_root
 from .client import OpenAIClient, auth_headers
 from .command import serve_command
 

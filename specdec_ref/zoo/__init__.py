@@ -22,12 +22,13 @@ ask ``resolve_tokenizer`` for the tokenizer path.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from specdec_ref.paths import sha256_file
 
 ZOO_DIR = Path(__file__).resolve().parents[2] / "zoo"
 PREFIX = "zoo:"
@@ -99,15 +100,6 @@ def _shipped(name: str) -> bool:
     return name.startswith(PREFIX) and name != PREFIX + _CONVERTED
 
 
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def add_to_manifest(out: Path, folder: Path, key: str, record: dict) -> None:
     """Put the sha256 of every file in ``folder`` and ``record`` (under ``key``) into
     ``out/manifest.json``, replacing that folder's earlier entries and keeping all others."""
@@ -176,11 +168,11 @@ def load(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
          weights_first: bool = False) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``(model, tokenizer)`` in eval mode. Zoo weights are stored in bfloat16 and
     upcast to ``dtype`` (float32 by default: bf16 matmuls are slow on most CPUs).
-    ``fast=True`` returns ``specdec_ref.fast.prepare(model)``: on a CPU, GGUF-coded linear
+    ``fast=True`` returns ``specdec_ref.kernels.fast.prepare(model)``: on a CPU, GGUF-coded linear
     weights (SmolLM2's) read as their codes, bf16-valued ones as bfloat16, the others prepacked
     for oneDNN (it warns and returns the eager model where that does not apply).
     ``weights_first=True`` returns the eager model with its few-row float32 linear layers
-    computed as W @ xᵀ (``specdec_ref.weights_first``); it cannot be combined with ``fast``."""
+    computed as W @ xᵀ (``specdec_ref.kernels.weights_first``); it cannot be combined with ``fast``."""
     if fast and weights_first:
         raise ValueError("fast and weights_first are two different kernel choices for the linear layers; pick one")
     if is_eagle_head(name, zoo_dir):
@@ -192,11 +184,11 @@ def load(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
         verify(path, zoo_dir)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     if fast:
-        from .. import fast as fast_path
+        from ..kernels import fast as fast_path
 
         model = fast_path.prepare(model)
     if weights_first:
-        from .. import weights_first as few_rows
+        from ..kernels import weights_first as few_rows
 
         model = few_rows.weights_first(model)
     return model, load_tokenizer(name, zoo_dir)

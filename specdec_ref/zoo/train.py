@@ -43,7 +43,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from tqdm.auto import tqdm
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specdec_ref.zoo import sha256_file
+from specdec_ref.paths import sha256_file
 from specdec_ref.zoo.corpus import EOS, Corpus, build_corpus, code_prompts
 
 PAD = "<|pad|>"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec_ref import bf16_weights
+from specdec_ref.kernels import bf16 as bf16_weights
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

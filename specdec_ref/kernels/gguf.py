@@ -10,10 +10,10 @@ weight the de-quantised model holds: a kernel that streams the codes and decodes
 the fp32 model's products, summed in another order, from about a fifth of the bytes.
 :func:`block_code` recovers a layer's codes from its float32 weight and keeps them only if every
 weight is rebuilt bit for bit; ``gguf_weights.cpp`` is the kernel (AVX-512, or AVX2 with FMA,
-on torch's threads), built like :mod:`specdec_ref.bf16_weights`'s into the course cache folder. It serves
+on torch's threads), built like :mod:`specdec_ref.kernels.bf16`'s into the course cache folder. It serves
 passes of up to :data:`MAX_ROWS` tokens (decode steps, verifications), each token's output the
 same whatever the pass's length; longer passes (a prefill) use PyTorch's kernel on the fp32
-weight, which the layer keeps. :func:`specdec_ref.fast.prepare` uses it wherever it applies.
+weight, which the layer keeps. :func:`specdec_ref.kernels.fast.prepare` uses it wherever it applies.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .bf16_weights import build_operator
+from .build import build_operator
 
 SOURCE = Path(__file__).with_name("gguf_weights.cpp")
 ROWS = 4  # weight rows per packed block (ROWS in the C++ source)
@@ -106,6 +106,8 @@ class GgufWeightLinear(torch.nn.Module):
     counts, ``state_dict`` and tied embeddings see the model as it was; ``packed`` is the coded
     copy the kernel reads. :meth:`from_layer` returns None where the weight is no such code.
     """
+
+    streams_packed = True  # a decode step reads ``packed``, not ``weight`` (roofline.streamed_weight_bytes)
 
     def __init__(self, weight: torch.nn.Parameter, bias: torch.nn.Parameter | None, code: BlockCode) -> None:
         super().__init__()

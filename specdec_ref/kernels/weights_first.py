@@ -19,15 +19,15 @@ even count, go weights-first; more rows (a prefill) go through ``F.linear`` as b
 and the fp32 arithmetic are the same, summed in another order, so logits differ from the stock
 layers' in the last bits and greedy tokens only at near-ties (which the bench counts). The course's
 eager path stays PyTorch's stock layers; ``zoo.load(..., weights_first=True)`` and ``bench
---weights-first`` choose this one, and :class:`~specdec_ref.eagle.EagleDrafter` puts its head on
-the same form as its target.
+--weights-first`` choose this one; a drafter puts its own layers on the same form as its target
+(:func:`specdec_ref.modules.like`).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from .fast import _copy_sharing_weights, _linear_layers
+from ..modules import copy_sharing_weights, linear_layers, mark_form
 
 # Zen 5, benchmarks/eager_linear_forms.py: weights-first took 1.0-1.2 one-row times for 2-4 rows and
 # was still 1.2-1.8x faster than F.linear for 5-8 (two runs); about even for 9-12, slower for 13-14 (one).
@@ -78,8 +78,9 @@ def weights_first(module: torch.nn.Module) -> torch.nn.Module:
         return module
     if _stock_fp32_cpu_linear(module):
         return WeightsFirstLinear.from_linear(module)
-    copy = _copy_sharing_weights(module)
-    for parent, name, layer in list(_linear_layers(copy)):
+    copy = copy_sharing_weights(module)
+    for parent, name, layer in list(linear_layers(copy)):
         if _stock_fp32_cpu_linear(layer):
             setattr(parent, name, WeightsFirstLinear.from_linear(layer))
+    mark_form(copy, weights_first)
     return copy

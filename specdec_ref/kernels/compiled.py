@@ -1,0 +1,134 @@
+"""``torch.compile`` for the fast path: a model's forward compiled with dynamic shapes, and a
+draft model's k greedy steps as one graph (:data:`GREEDY_DRAFTS`)."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import torch
+
+from ..kv_cache import PreallocatedLayer, reserve, rollback
+from ..modules import GREEDY_DRAFTS, copy_sharing_weights
+
+
+def compile_available(model: torch.nn.Module | None = None) -> tuple[bool, str]:
+    """Whether :func:`prepare` ``(model, compile=True)`` can compile here: ``(ok, reason)``.
+
+    torch.compile's CPU backend (inductor) writes C++ and builds it with the system's compiler.
+    """
+    if model is not None:
+        devices = {p.device.type for p in model.parameters()}
+        if devices != {"cpu"}:
+            return False, f"the model is on {', '.join(sorted(devices))}; this switch compiles for CPU only"
+        dtypes = {p.dtype for p in model.parameters()}
+        if dtypes != {torch.float32}:
+            return False, "the model is not float32; the fast path keeps float32 arithmetic"
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if not compiler:
+        return False, "no C++ compiler (g++, c++ or clang++) on PATH: torch.compile's CPU backend needs one"
+    return True, f"torch.compile (inductor) can build with {compiler}"
+
+
+# Compiled graphs are cached per Python function, and every Llama's forward is the same
+# function: a target, its draft and their pass kinds (prefill, one token, k + 1 tokens) need
+# more entries than torch's default of 8, past which it silently runs the rest uncompiled.
+RECOMPILE_LIMIT = 64
+
+
+class _CompiledForward:
+    """A model's forward compiled by torch.compile, fed inputs in one canonical form.
+
+    Each compiled graph is guarded by its inputs' properties; three that the loops vary
+    without meaning anything would recompile again and again: whether a tensor was made
+    under inference mode, the strides of the ids (a one-token slice of the loop's token
+    buffer keeps the buffer's row stride), and the strides of cache tensors that a rollback
+    left as views of longer ones. Cloning the ids under inference mode to contiguous strides
+    fixes the first two. The caches the loops make for a fast model
+    (:class:`~specdec_ref.kv_cache.PreallocatedLayer`) keep their strides; a plain
+    ``DynamicCache`` passed in has such tensors made contiguous (a copy only after a rollback).
+    Preallocated caches grow before the call, never inside the graph.
+    """
+
+    def __init__(self, forward) -> None:
+        self.compiled = torch.compile(forward, dynamic=True)
+
+    def __call__(self, input_ids: torch.Tensor | None = None, *args, **kwargs):
+        cache = kwargs.get("past_key_values")
+        with torch.inference_mode():
+            if input_ids is not None:
+                input_ids = input_ids.clone(memory_format=torch.contiguous_format)
+                reserve(cache, input_ids.shape[-1])
+            for layer in getattr(cache, "layers", ()):
+                if isinstance(layer, PreallocatedLayer):
+                    continue
+                for name in ("keys", "values"):
+                    tensor = getattr(layer, name, None)
+                    if isinstance(tensor, torch.Tensor) and not tensor.is_contiguous():
+                        setattr(layer, name, tensor.contiguous())
+            return self.compiled(input_ids, *args, **kwargs)
+
+
+class _CompiledGreedyDrafts:
+    """A draft model's k greedy steps as one compiled graph (:data:`~specdec_ref.modules.GREEDY_DRAFTS`).
+
+    Called one graph at a time, each draft step pays the compiled forward's entry (guards,
+    wrappers, the output object) and an eager argmax. One graph for the k steps, the argmax
+    inside, pays that once per draft. Its input always has two tokens (the cache is rolled back
+    by one, or fed what precedes them), so one graph per k serves every iteration, after a
+    full acceptance too; the first step recomputes one cache position, which costs next to
+    nothing where the step is bound by weight bytes.
+    """
+
+    def __init__(self, forward, compiled_forward: _CompiledForward) -> None:
+        self.forward, self.compiled_forward = forward, compiled_forward
+        self.compiled = torch.compile(self._steps, dynamic=True)
+
+    def _steps(self, input_ids: torch.LongTensor, cache, num_tokens: int, vocab_size: int | None) -> torch.Tensor:
+        drafts = []
+        for _ in range(num_tokens):
+            logits = self.forward(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+            # Cut to the target's width; padding with -inf (a wider target) never changes the argmax.
+            input_ids = logits[:vocab_size].argmax().view(1, 1)
+            drafts.append(input_ids)
+        return torch.cat(drafts).view(-1)
+
+    def __call__(self, cache, tokens: torch.LongTensor, num_tokens: int, vocab_size: int | None) -> tuple[torch.Tensor, int]:
+        """Draft ``num_tokens`` greedy tokens after ``tokens`` (1-D, at least two); the cache
+        ends one token short, as the loop expects. Returns the drafts and the forward calls made."""
+        with torch.inference_mode():
+            read, start = cache.get_seq_length(), tokens.numel() - 2
+            calls = num_tokens
+            if read > start:
+                rollback(cache, start)
+            elif read < start:  # the prompt at first: feed all but its last two tokens
+                self.compiled_forward(tokens[None, read:start], past_key_values=cache, use_cache=True,
+                                      logits_to_keep=1)
+                calls += 1
+            reserve(cache, num_tokens + 1)  # the two tokens fed, then each draft but the last
+            return self.compiled(tokens[None, start:].clone(memory_format=torch.contiguous_format), cache, num_tokens, vocab_size), calls
+
+
+def compile_model(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy sharing ``model``'s weights whose forward is compiled by torch.compile.
+
+    Dynamic shapes: one graph serves every cache length and every number of new tokens
+    above one (the prefill, the k + 1 tokens of a verification), so a run compiles a few
+    graphs once instead of one per length. Greedy drafting with the copy compiles one more
+    graph per k (:class:`_CompiledGreedyDrafts`). bf16-stored layers stay one opaque call
+    each in the graph. Raises torch's recompile limit to
+    :data:`RECOMPILE_LIMIT` (a process-wide setting).
+    """
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    copy = copy_sharing_weights(model)
+    forward = copy.forward
+    copy.forward = _CompiledForward(forward)
+    setattr(copy, GREEDY_DRAFTS, _CompiledGreedyDrafts(forward, copy.forward))
+    copy._specdec_compiled = True
+    return copy
+
+
+def is_compiled(model: torch.nn.Module) -> bool:
+    """Whether ``model`` came from :func:`prepare` ``(..., compile=True)``."""
+    return getattr(model, "_specdec_compiled", False)
