@@ -21,33 +21,39 @@ from . import roofline
 from .kernels import fast
 from .baseline import autoregressive_generate
 from .costs import measure_costs
+from .drafters import DrafterBase
 from .eagle import EagleDrafter
 from .ngram import PromptLookupDrafter
-from .paired import in_run_costs
+from .paired import in_run_costs, time_rotated
 from .inputs import clock
-from .speculative import speculative_generate
+from .speculative import as_drafter, speculative_generate
 from .stats import GenerationStats
+from .timing import quartiles
 from .tokenizer_compat import compare_tokenizers
 
 
 @dataclass
 class Pair:
-    """A target and what drafts for it: a draft model with its tokenizer, or prompt lookup
-    (``draft`` a :class:`PromptLookupDrafter`, ``draft_tokenizer`` None)."""
+    """A target and what drafts for it: a draft model (with its tokenizer when it may differ from
+    the target's) or any drafter (prompt lookup, an EAGLE head; ``draft_tokenizer`` None).
+    ``drafter`` is the drafter the loop runs, checked against the target."""
 
     target: torch.nn.Module
-    draft: torch.nn.Module | PromptLookupDrafter
+    draft: torch.nn.Module | DrafterBase
     target_tokenizer: object
     draft_tokenizer: object | None
     cross_tokenizer: bool = field(init=False)
+    drafter: DrafterBase = field(init=False)
 
     def __post_init__(self) -> None:
         self.cross_tokenizer = self.draft_tokenizer is not None and not compare_tokenizers(
             self.target_tokenizer, self.draft_tokenizer).native_ok
+        self.drafter = as_drafter(self.draft, self.target, **self.tokenizer_kwargs)
 
     @property
     def prompt_lookup(self) -> bool:
-        return isinstance(self.draft, PromptLookupDrafter)
+        """Whether transformers' own prompt lookup decoding is the method to compare with."""
+        return isinstance(self.drafter, PromptLookupDrafter)
 
     @property
     def draft_model(self) -> torch.nn.Module | None:
@@ -55,15 +61,8 @@ class Pair:
         return self.draft if isinstance(self.draft, torch.nn.Module) else None
 
     @property
-    def draft_weight_bytes(self) -> float:
-        """Bytes one draft step reads (0 for prompt lookup)."""
-        if self.prompt_lookup:
-            return 0.0
-        return self.draft.weight_bytes if isinstance(self.draft, EagleDrafter) else roofline.weight_bytes(self.draft)
-
-    @property
     def tokenizer_kwargs(self) -> dict:
-        """What speculative_generate needs for this pair (the tokenizers only on the UAG path)."""
+        """What speculative_generate needs for this pair's draft model (the tokenizers only on the UAG path)."""
         if not self.cross_tokenizer:
             return {}
         return {"target_tokenizer": self.target_tokenizer, "draft_tokenizer": self.draft_tokenizer}
@@ -117,16 +116,10 @@ def hf_assisted_generate(pair: Pair, input_ids: torch.LongTensor, k: int, max_ne
          config.assistant_confidence_threshold) = saved
 
 
-def _timed(fn, now):
-    start = now()
-    result = fn()
-    return result, now() - start
-
-
 def cost_model(pair: Pair, context: int, ks: Sequence[int]) -> dict:
     """Measured draft cost ratio c and verify costs v(k) (k + 1 tokens, in one-token target
-    passes) as paired ratios (:func:`specdec_ref.costs.measure_costs`); c = 0 for prompt lookup."""
-    costs = measure_costs(pair.target, None if pair.prompt_lookup else pair.draft, context, ks)
+    passes) as paired ratios (:func:`specdec_ref.costs.measure_costs`); c = 0 for a drafter that runs no model."""
+    costs = measure_costs(pair.target, pair.drafter, context, ks)
     return {
         "target_forward_seconds": costs.target_forward_seconds,
         "cost_ratio": costs.cost_ratio,
@@ -167,9 +160,8 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
     generate = {
         "baseline": lambda ids, k, i: autoregressive_generate(pair.target, ids, max_new_tokens, eos_token_id=[],
                                                               generator=rng(i), **rule),
-        "speculative": lambda ids, k, i: speculative_generate(pair.target, pair.draft, ids, max_new_tokens, k,
-                                                              eos_token_id=[], generator=rng(i), **rule,
-                                                              **pair.tokenizer_kwargs),
+        "speculative": lambda ids, k, i: speculative_generate(pair.target, pair.drafter, ids, max_new_tokens, k,
+                                                              eos_token_id=[], generator=rng(i), **rule),
     }
     if min_draft_confidence is not None:
         generate["speculative_dynamic"] = lambda ids, k, i: speculative_generate(
@@ -190,20 +182,22 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
     runs = {k: {name: [] for name in generate if name != "baseline"} for k in ks}
     bar = tqdm(encoded, desc="prompts", disable=not progress)
     for i, ids in enumerate(bar):
-        out, base_seconds = _timed(lambda: generate["baseline"](ids, None, i), now)
-        baseline.append({"sequences": out.sequences, "seconds": base_seconds, "stats": out.stats})
-        for k in ks:
-            for name in runs[k]:
-                out, seconds = _timed(lambda: generate[name](ids, k, i), now)
-                sequences = out if isinstance(out, torch.Tensor) else out.sequences
-                runs[k][name].append({"sequences": sequences, "seconds": seconds,
-                                      "stats": None if isinstance(out, torch.Tensor) else out.stats})
-        bar.set_postfix(baseline_tok_s=f"{max_new_tokens / base_seconds:.0f}")
+        # Every method at every k on this prompt, the order rotating from prompt to prompt.
+        outputs: dict[tuple, object] = {}
+        methods = {("baseline", None): None} | {(name, k): None for k in ks for name in runs[k]}
+        calls = {method: (lambda m=method: outputs.__setitem__(m, generate[m[0]](ids, m[1], i))) for method in methods}
+        seconds = time_rotated(calls, warmup=0, repeats=1, clock=now, first_round=i)
+        for (name, k), out in outputs.items():
+            sequences = out if isinstance(out, torch.Tensor) else out.sequences  # transformers returns a tensor
+            record = {"sequences": sequences, "seconds": seconds[name, k][0],
+                      "stats": None if isinstance(out, torch.Tensor) else out.stats}
+            (baseline if name == "baseline" else runs[k][name]).append(record)
+        bar.set_postfix(baseline_tok_s=f"{max_new_tokens / baseline[-1]['seconds']:.0f}")
 
     context = int(statistics.median(ids.shape[1] for ids in encoded)) + max_new_tokens // 2
     costs = cost_model(pair, context, ks)
     target_bytes = roofline.weight_bytes(pair.target)
-    draft_bytes = pair.draft_weight_bytes
+    draft_bytes = pair.drafter.weight_bytes
     base_tps = [max_new_tokens / r["seconds"] for r in baseline]
     summary = {
         "max_new_tokens": max_new_tokens,
@@ -215,7 +209,7 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
         "cost_model": costs,
         "baseline": {
             "tokens_per_second": statistics.median(base_tps),
-            "tokens_per_second_spread": _spread(base_tps),
+            "tokens_per_second_spread": _quartiles(base_tps),
             "bandwidth_achieved": statistics.median(
                 roofline.bandwidth_achieved(target_bytes, r["stats"].target_forward_calls, r["seconds"])
                 for r in baseline),
@@ -229,7 +223,7 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
         for name, results in runs[k].items():
             tps = [max_new_tokens / r["seconds"] for r in results]
             entry[f"{name}_tokens_per_second"] = statistics.median(tps)
-            entry[f"{name}_tokens_per_second_spread"] = _spread(tps)
+            entry[f"{name}_tokens_per_second_spread"] = _quartiles(tps)
             entry[f"{name}_speedup"] = statistics.median(
                 b["seconds"] / r["seconds"] for b, r in zip(baseline, results))
             entry[f"{name}_identical_outputs"] = None if temperature is not None else all(
@@ -274,8 +268,8 @@ def compare_drafters(target: torch.nn.Module, drafters: dict[str, object], promp
                      max_new_tokens: int, ks: Sequence[int]) -> dict:
     """The baseline and every drafter at every k on every prompt, greedy, EOS ignored (so every
     run makes exactly ``max_new_tokens`` tokens). One warm-up run of each method first; then
-    prompt by prompt, the methods in one order and reversed on the next prompt, so drift in the
-    machine's load hits them alike. ``drafters`` maps a name to anything ``speculative_generate``
+    prompt by prompt, the methods in an order that rotates from prompt to prompt
+    (:func:`specdec_ref.paired.time_rotated`), so drift in the machine's load hits them alike. ``drafters`` maps a name to anything ``speculative_generate``
     takes as its draft. Returns ``{None: runs, (name, k): runs}``, each run ``{"seconds",
     "output"}`` in prompt order: speedups are then medians of per-prompt ratios."""
     def generate(method, ids):
@@ -289,9 +283,11 @@ def compare_drafters(target: torch.nn.Module, drafters: dict[str, object], promp
     now = clock(target.device)
     runs: dict = {method: [] for method in methods}
     for i, ids in enumerate(prompts):
-        for method in methods if i % 2 == 0 else methods[::-1]:
-            output, seconds = _timed(lambda: generate(method, ids), now)
-            runs[method].append({"seconds": seconds, "output": output})
+        outputs: dict = {}
+        calls = {method: (lambda m=method: outputs.__setitem__(m, generate(m, ids))) for method in methods}
+        seconds = time_rotated(calls, warmup=0, repeats=1, clock=now, first_round=i)
+        for method in methods:
+            runs[method].append({"seconds": seconds[method][0], "output": outputs[method]})
     return runs
 
 
@@ -307,12 +303,9 @@ def _acceptance_figures(total: GenerationStats) -> dict:
     }
 
 
-def _spread(values: list[float]) -> list[float]:
-    """The interquartile range [q1, q3]."""
-    if len(values) < 2:
-        return [values[0], values[0]]
-    q1, _, q3 = statistics.quantiles(values, n=4)
-    return [q1, q3]
+def _quartiles(values: list[float]) -> list[float]:
+    """The interquartile range [q1, q3], as a JSON list."""
+    return list(quartiles(values))
 
 
 def dram_bandwidth(rounds: int = 3) -> float:
@@ -327,7 +320,7 @@ def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_toke
     """The eager pair against its :func:`specdec_ref.kernels.fast.prepare` version, side by side.
 
     Baseline and speculative decoding at every k run for both versions on every prompt,
-    interleaved (each prompt alternates which version goes first), after a warm-up whose
+    interleaved (the order rotating from prompt to prompt), after a warm-up whose
     seconds are reported (with ``compile=True`` they include the compilation). Speedups
     are medians of per-prompt ratios; outputs are compared with the eager baseline's, prompt
     by prompt. Bandwidth achieved is also given as a share of the DRAM bandwidth measured
@@ -339,9 +332,7 @@ def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_toke
     if not ok:
         raise ValueError(f"the fast path does not apply: {reason}")
     fast_target = fast.prepare(pair.target, compile=compile)
-    fast_draft = (pair.draft.for_target(fast_target) if isinstance(pair.draft, EagleDrafter)
-                  else pair.draft if pair.draft_model is None else fast.prepare(pair.draft, compile=compile))
-    fast_pair = Pair(fast_target, fast_draft, pair.target_tokenizer, pair.draft_tokenizer)
+    fast_pair = Pair(fast_target, pair.drafter.for_target(fast_target), pair.target_tokenizer, pair.draft_tokenizer)
     versions = {"eager": pair, "fast": fast_pair}
     encoded = [pair.target_tokenizer(p, return_tensors="pt").input_ids.to(pair.target.device) for p in prompts]
 
@@ -349,7 +340,7 @@ def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_toke
         p = versions[version]
         if k is None:
             return autoregressive_generate(p.target, ids, max_new_tokens, eos_token_id=[])
-        return speculative_generate(p.target, p.draft, ids, max_new_tokens, k, eos_token_id=[], **p.tokenizer_kwargs)
+        return speculative_generate(p.target, p.drafter, ids, max_new_tokens, k, eos_token_id=[])
 
     methods = [None, *ks]  # None: the baseline
     warmup_seconds = {}
@@ -362,15 +353,15 @@ def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_toke
     now = clock(pair.target.device)
     runs = {(version, k): [] for version in versions for k in methods}
     for i, ids in enumerate(tqdm(encoded, desc="prompts", disable=not progress)):
-        order = list(versions) if i % 2 == 0 else list(reversed(versions))
-        for k in methods:
-            for version in order:
-                out, seconds = _timed(lambda: generate(version, ids, k), now)
-                runs[version, k].append({"sequences": out.sequences, "seconds": seconds, "stats": out.stats})
+        outputs: dict = {}
+        calls = {(version, k): (lambda v=version, k=k: outputs.__setitem__((v, k), generate(v, ids, k)))
+                 for k in methods for version in versions}
+        seconds = time_rotated(calls, warmup=0, repeats=1, clock=now, first_round=i)
+        for key, out in outputs.items():
+            runs[key].append({"sequences": out.sequences, "seconds": seconds[key][0], "stats": out.stats})
 
     # Bytes each version reads per pass: bf16-stored layers read half their fp32 weight's.
-    streamed = {version: (roofline.streamed_weight_bytes(p.target),
-                          pair.draft_weight_bytes if pair.draft_model is None else roofline.streamed_weight_bytes(p.draft))
+    streamed = {version: (roofline.streamed_weight_bytes(p.target), p.drafter.weight_bytes)
                 for version, p in versions.items()}
     eager_baseline = runs["eager", None]
 
@@ -385,7 +376,7 @@ def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_toke
         own_baseline = runs[version, None]
         return {
             "tokens_per_second": statistics.median(tps),
-            "tokens_per_second_spread": _spread(tps),
+            "tokens_per_second_spread": _quartiles(tps),
             "bandwidth_achieved": achieved,
             "bandwidth_share": achieved / bandwidth,
             # per-prompt ratios: the same version's baseline, and the same method run eagerly

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .drafters import DrafterBase, ModelDrafter, as_drafter_base
 from .inputs import check_context, clock as device_clock
 from .kv_cache import new_cache, rollback
 from .timing import quartiles
@@ -32,16 +33,17 @@ class Costs:
 
 
 @torch.inference_mode()
-def measure_costs(target: torch.nn.Module, draft: torch.nn.Module | None, context: int, ks: Iterable[int],
+def measure_costs(target: torch.nn.Module, draft: torch.nn.Module | DrafterBase | None, context: int, ks: Iterable[int],
                   rounds: int = 7, warmup: int = 1, clock: Callable[[], float] | None = None) -> Costs:
     """Measure c and v(k) for each k in ``ks`` on top of ``context`` cached tokens.
 
     Each round times, for the draft and for every k, a one-token target pass and the measured pass
     back to back (alternating which goes first) and keeps their ratio; ``warmup`` rounds are
     discarded. ``clock`` is injectable so the protocol can be tested without real time.
-    ``draft=None`` (a drafter without a model, e.g. prompt lookup) measures only v(k); c is 0.
-    A drafter that reads the target's features (:class:`~specdec_ref.eagle.EagleDrafter`) is
-    timed for one draft step after the context's features, as it drafts in the loop.
+    ``draft``: a draft model, or any drafter, timed for one step of its own
+    (:meth:`~specdec_ref.drafters.DrafterBase.draft_step`: an EAGLE head after the context's
+    features, as it drafts in the loop); ``None``, or a drafter that runs no model (prompt
+    lookup), measures only v(k), and c is 0.
     """
     ks = sorted(set(ks))
     if not ks or any(not isinstance(k, int) or k < 1 for k in ks):
@@ -50,22 +52,21 @@ def measure_costs(target: torch.nn.Module, draft: torch.nn.Module | None, contex
         raise ValueError(f"need rounds >= 1, warmup >= 0 and context >= 1 (got {rounds}, {warmup}, {context})")
     total = context + max(ks) + 1
     check_context(target, total, "target")
-    reads_features = getattr(draft, "reads_target_features", False)
-    models = [target] if draft is None or reads_features else [target, draft]
-    if draft is not None and not reads_features:
+    if isinstance(draft, torch.nn.Module):
         check_context(draft, total, "draft model")
+        draft = ModelDrafter(draft)
+    elif draft is not None:
+        draft = as_drafter_base(draft)
     now = clock or device_clock(target.device)
-    vocab = min(model.config.vocab_size for model in models)
-    ids = torch.randint(0, vocab, (1, total), generator=torch.Generator().manual_seed(0))
-    caches = {}
-    for model in models:
-        caches[model] = new_cache(model)
-        model(ids[:, :context].to(model.device), past_key_values=caches[model], use_cache=True, logits_to_keep=1)
+    ids = torch.randint(0, target.config.vocab_size, (1, total), generator=torch.Generator().manual_seed(0))
+    draft_step = None if draft is None else draft.draft_step(target, ids[0, : context + 1])
+    cache = new_cache(target)
+    target(ids[:, :context].to(target.device), past_key_values=cache, use_cache=True, logits_to_keep=1)
 
-    def target_pass(model: torch.nn.Module, tokens: int) -> Callable[[], None]:
+    def target_pass(tokens: int) -> Callable[[], None]:
         def run() -> None:
-            model(ids[:, context: context + tokens].to(model.device), past_key_values=caches[model], use_cache=True)
-            rollback(caches[model], context)
+            target(ids[:, context: context + tokens].to(target.device), past_key_values=cache, use_cache=True)
+            rollback(cache, context)
         return run
 
     def seconds(run: Callable[[], None]) -> float:
@@ -73,11 +74,8 @@ def measure_costs(target: torch.nn.Module, draft: torch.nn.Module | None, contex
         run()
         return now() - start
 
-    one_token_pass = target_pass(target, 1)
-    passes = {k: target_pass(target, k + 1) for k in ks}
-    if draft is not None:
-        passes = {"draft": _feature_draft_step(target, draft, ids[0, : context + 1]) if reads_features
-                  else target_pass(draft, 1)} | passes
+    one_token_pass = target_pass(1)
+    passes = ({} if draft_step is None else {"draft": draft_step}) | {k: target_pass(k + 1) for k in ks}
     ratios: dict[str | int, list[float]] = {name: [] for name in passes}
     one_token: list[float] = []
     for round_ in range(warmup + rounds):
@@ -94,26 +92,8 @@ def measure_costs(target: torch.nn.Module, draft: torch.nn.Module | None, contex
     return Costs(
         context=context,
         target_forward_seconds=statistics.median(one_token),
-        cost_ratio=statistics.median(ratios["draft"]) if draft is not None else 0.0,
-        cost_ratio_spread=quartiles(ratios["draft"]) if draft is not None else (0.0, 0.0),
+        cost_ratio=statistics.median(ratios["draft"]) if draft_step is not None else 0.0,
+        cost_ratio_spread=quartiles(ratios["draft"]) if draft_step is not None else (0.0, 0.0),
         verify_costs={k: statistics.median(ratios[k]) for k in ks},
         verify_spread={k: quartiles(ratios[k]) for k in ks},
     )
-
-
-def _feature_draft_step(target: torch.nn.Module, drafter, tokens: torch.LongTensor) -> Callable[[], None]:
-    """One draft step of a feature-reading drafter after ``tokens``: it reads the last real
-    feature and drafts one token; the drafter is rewound after each call, so calls repeat."""
-    from .sampling import Sampler
-
-    context = tokens.numel() - 1
-    features = target(tokens[None, :context].to(target.device), output_hidden_states=True).hidden_states[-1][0]
-    drafter.start(tokens[:context], 1)
-    drafter.update(tokens[:context], 0, features[:-1])
-    greedy = Sampler()
-
-    def step() -> None:
-        drafter.rewind(context - 1)
-        drafter.update(tokens, 0, features[-1:])
-        drafter.propose(tokens, 1, greedy)
-    return step

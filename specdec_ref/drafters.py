@@ -1,11 +1,12 @@
 """Drafters: anything that proposes tokens for the target to verify.
 
-The speculative loop is written once against this small interface; a draft model,
-a cross-tokenizer draft model (``specdec_ref.uag``) and prompt lookup
-(``specdec_ref.ngram``) all plug into it, like ``transformers``' candidate generators.
+The speculative loop is written once against one interface, :class:`DrafterBase`; a draft model,
+a cross-tokenizer draft model (``specdec_ref.uag``), prompt lookup (``specdec_ref.ngram``) and an
+EAGLE head (``specdec_ref.eagle``) all implement it, like ``transformers``' candidate generators.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -13,7 +14,8 @@ import torch
 
 from .inputs import check_context, context_length
 from .kv_cache import new_cache, rollback
-from .modules import GREEDY_DRAFTS
+from .modules import GREEDY_DRAFTS, like
+from .roofline import streamed_weight_bytes
 from .sampling import Sampler
 
 
@@ -42,7 +44,9 @@ class Proposal:
 
 @runtime_checkable
 class Drafter(Protocol):
-    """Propose tokens / learn from the verdict."""
+    """The least a drafter has: ``start`` / ``propose`` / ``update``. A class with these three
+    (a learner's, say) plugs into the loop as it is: :func:`as_drafter_base` gives it the rest of
+    :class:`DrafterBase`'s interface, with the defaults."""
 
     def start(self, prompt: torch.LongTensor, max_new_tokens: int) -> None:
         """Begin a new generation for ``prompt`` (reset caches and state)."""
@@ -51,16 +55,112 @@ class Drafter(Protocol):
         """Propose at most ``max_tokens`` tokens continuing ``tokens`` (1-D, prompt included)."""
 
     def update(self, tokens: torch.LongTensor, num_accepted: int) -> None:
+        """The target kept ``num_accepted`` proposed tokens; ``tokens`` is the sequence now."""
+
+
+class DrafterBase:
+    """The drafter interface the loop, the cost measurement and the bench use; every drafter of
+    the library derives from it (draft model, cross-tokenizer, prompt lookup, EAGLE, tracing).
+
+    - ``reads_target_features``: when True, the loop asks the target for its last hidden states in
+      the passes it runs anyway and hands them to :meth:`update` (EAGLE).
+    - :meth:`for_target`: the same drafter for another form of its target (its fast copy).
+    - :attr:`weight_bytes` and :attr:`num_parameters`: what one draft step reads, for the roofline.
+    - :meth:`draft_step`: one repeatable draft step, to time the draft's cost c.
+    """
+
+    reads_target_features: bool = False
+
+    @property
+    def name(self) -> str:
+        """The drafter's class name, for messages."""
+        return type(self).__name__
+
+    def start(self, prompt: torch.LongTensor, max_new_tokens: int) -> None:
+        """Begin a new generation for ``prompt`` (reset caches and state)."""
+
+    def propose(self, tokens: torch.LongTensor, max_tokens: int, sampler: Sampler) -> Proposal:
+        """Propose at most ``max_tokens`` tokens continuing ``tokens`` (1-D, prompt included)."""
+        raise NotImplementedError
+
+    def update(self, tokens: torch.LongTensor, num_accepted: int, features: torch.Tensor | None = None) -> None:
         """The target kept ``num_accepted`` proposed tokens; ``tokens`` is the sequence now.
 
-        A drafter with ``reads_target_features = True`` (EAGLE, :mod:`specdec_ref.eagle`) is
-        also passed ``features``: the target's last hidden states [m, d] for the m positions
-        its cache gained (after the prefill, the prompt's but the last; after a verification,
-        the last token's and the accepted drafts'), taken from the pass the loop ran anyway.
+        ``features`` (only for ``reads_target_features``): the target's last hidden states [m, d]
+        for the m positions its cache gained (after the prefill, the prompt's but the last; after
+        a verification, the last token's and the accepted drafts'), from the pass the loop ran.
         """
 
+    def check_target(self, target: torch.nn.Module) -> None:
+        """Raise ``ValueError``, in one sentence naming the mismatch, if this drafter cannot draft
+        for ``target`` (a head or a draft built for a model of another shape or vocabulary)."""
 
-class ModelDrafter:
+    def for_target(self, target: torch.nn.Module) -> DrafterBase:
+        """The same drafter for ``target``, another form of the target it was built for (the
+        fast or weights-first copy): its own layers put in the same form. Default: itself."""
+        return self
+
+    @property
+    def weight_bytes(self) -> float:
+        """Weight bytes one draft step reads (0: drafting reads no weights)."""
+        return 0.0
+
+    @property
+    def num_parameters(self) -> int:
+        """Parameters the drafter adds to the target's."""
+        return 0
+
+    @property
+    def cache_length(self) -> int | None:
+        """Positions in the drafter's own KV cache (``None``: it keeps none)."""
+        return None
+
+    def draft_step(self, target: torch.nn.Module, tokens: torch.LongTensor) -> Callable[[], None] | None:
+        """A function that runs one draft step after ``tokens`` (1-D, random ids will do) and
+        leaves the drafter as it found it, so that calls repeat; ``None`` where drafting runs no
+        model (its cost is 0 target steps)."""
+        return None
+
+
+class _AdaptedDrafter(DrafterBase):
+    """A :class:`Drafter` with only start/propose/update, given :class:`DrafterBase`'s defaults."""
+
+    def __init__(self, drafter: Drafter) -> None:
+        self.drafter = drafter
+
+    @property
+    def name(self) -> str:
+        return type(self.drafter).__name__
+
+    def start(self, prompt: torch.LongTensor, max_new_tokens: int) -> None:
+        self.drafter.start(prompt, max_new_tokens)
+
+    def propose(self, tokens: torch.LongTensor, max_tokens: int, sampler: Sampler) -> Proposal:
+        return self.drafter.propose(tokens, max_tokens, sampler)
+
+    def update(self, tokens: torch.LongTensor, num_accepted: int, features: torch.Tensor | None = None) -> None:
+        self.drafter.update(tokens, num_accepted)
+
+
+def as_drafter_base(drafter: Drafter) -> DrafterBase:
+    """``drafter`` with the whole :class:`DrafterBase` interface (itself if it has it)."""
+    return drafter if isinstance(drafter, DrafterBase) else _AdaptedDrafter(drafter)
+
+
+def model_draft_step(model: torch.nn.Module, tokens: torch.LongTensor) -> Callable[[], None]:
+    """One repeatable one-token pass of ``model`` on a cache of ``tokens[:-1]`` (ids cut to its vocabulary)."""
+    ids = tokens.clamp_max(model.config.vocab_size - 1)[None].to(model.device)
+    context = ids.shape[1] - 1
+    cache = new_cache(model)
+    model(ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+
+    def step() -> None:
+        model(ids[:, context:], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        rollback(cache, context)
+    return step
+
+
+class ModelDrafter(DrafterBase):
     """Drafts autoregressively with a small causal LM that shares the target's tokenizer.
 
     ``vocab_size``: the target's logits width, when the draft's embedding matrix is padded
@@ -101,10 +201,34 @@ class ModelDrafter:
                                              self.vocab_size, self.min_confidence)
         return Proposal(drafts, probs, forward_calls=drafts.numel())
 
-    def update(self, tokens: torch.LongTensor, num_accepted: int) -> None:
+    def update(self, tokens: torch.LongTensor, num_accepted: int, features: torch.Tensor | None = None) -> None:
         # The draft cache holds the old sequence plus all drafts but the last; everything up to
         # the target's own new token is still valid, the rest is cut off.
         rollback(self.cache, tokens.numel() - 1)
+
+    def check_target(self, target: torch.nn.Module) -> None:
+        draft_vocab, target_vocab = self.model.config.vocab_size, target.config.vocab_size
+        if self.vocab_size is None and draft_vocab != target_vocab:
+            raise ValueError(f"this draft model has {draft_vocab} tokens and the target {target_vocab}: they do not "
+                             "share a vocabulary (give ModelDrafter the target's vocab_size if only the padding differs)")
+
+    def for_target(self, target: torch.nn.Module) -> ModelDrafter:
+        return ModelDrafter(like(self.model, target), self.vocab_size, self.min_confidence)
+
+    @property
+    def cache_length(self) -> int:
+        return self.cache.get_seq_length()
+
+    @property
+    def weight_bytes(self) -> float:
+        return streamed_weight_bytes(self.model)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def draft_step(self, target: torch.nn.Module, tokens: torch.LongTensor) -> Callable[[], None]:
+        return model_draft_step(self.model, tokens)
 
 
 def check_min_confidence(min_confidence: float | None) -> None:

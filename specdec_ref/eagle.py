@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .drafters import Proposal
+from .drafters import DrafterBase, Proposal, check_min_confidence
 from .inputs import check_context
 from .modules import like
 from .roofline import streamed_weight_bytes
@@ -254,7 +254,7 @@ class DraftHead:
         return self.to_target(logits.topk(min(n, logits.numel())).indices).tolist()
 
 
-class EagleDrafter:
+class EagleDrafter(DrafterBase):
     """Drafts with an :class:`EagleHead` on the target's features (see the module docstring).
 
     ``draft_vocab``: the target ids the head may propose (sorted or not), or ``None`` for
@@ -276,9 +276,10 @@ class EagleDrafter:
 
     def __init__(self, head: EagleHead, target: nn.Module, draft_vocab: torch.LongTensor | None = None,
                  min_confidence: float | None = None, first_candidates: int = 1) -> None:
-        from .drafters import check_min_confidence
-
+        if not isinstance(head, EagleHead):
+            raise TypeError(f"EagleDrafter drafts with an EagleHead (zoo.load_eagle gives one), got {type(head).__name__}")
         check_min_confidence(min_confidence)
+        check_head_fits(head, draft_vocab, target)
         if not isinstance(first_candidates, int) or first_candidates < 1:
             raise ValueError(f"first_candidates must be an integer >= 1, got {first_candidates!r}")
         self.target = target
@@ -290,6 +291,35 @@ class EagleDrafter:
         self.min_confidence = min_confidence
         self.first_candidates = first_candidates
         self.start(torch.zeros(1, dtype=torch.long), 0)
+
+    def check_target(self, target: nn.Module) -> None:
+        check_head_fits(self.head, self.draft_vocab, target)
+        if target.get_output_embeddings().weight.shape[0] != self.vocab_size:
+            raise ValueError(f"this EagleDrafter was built for a target with {self.vocab_size} tokens, and this "
+                             f"target has {target.get_output_embeddings().weight.shape[0]}: build one for it")
+
+    @property
+    def num_parameters(self) -> int:
+        return self.head.num_parameters
+
+    @property
+    def cache_length(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def draft_step(self, target: nn.Module, tokens: torch.LongTensor):
+        """One draft step after ``tokens``: the head reads the last real feature and drafts one
+        token; rewound after each call, so calls repeat."""
+        context = tokens.numel() - 1
+        features = target(tokens[None, :context].to(target.device), output_hidden_states=True).hidden_states[-1][0]
+        self.start(tokens[:context], 1)
+        self.update(tokens[:context], 0, features[:-1])
+        greedy = Sampler()
+
+        def step() -> None:
+            self.rewind(context - 1)
+            self.update(tokens, 0, features[-1:])
+            self.propose(tokens, 1, greedy)
+        return step
 
     def for_target(self, target: nn.Module) -> EagleDrafter:
         """The same head drafting for another version of its target (the fast one of :func:`specdec_ref.kernels.fast.prepare`)."""
@@ -378,6 +408,20 @@ class EagleDrafter:
         row = self.embed.weight[0]
         return streamed_weight_bytes(self.head) + streamed_weight_bytes(self.lm_head) + float(
             row.numel() * row.element_size())
+
+
+def check_head_fits(head: EagleHead, draft_vocab: torch.LongTensor | None, target: nn.Module) -> None:
+    """Raise ``ValueError``, in one sentence, unless ``head`` (and its draft vocabulary) can read
+    ``target``'s features and propose its token ids: a head trained for another model cannot."""
+    config = getattr(target, "config", None)
+    hidden = getattr(config, "hidden_size", None)
+    if hidden != head.config.hidden_size:
+        raise ValueError(f"this EAGLE head reads features of size {head.config.hidden_size} and the target's are "
+                         f"{hidden}: the head was trained for another target model")
+    vocab = target.get_output_embeddings().weight.shape[0]
+    if draft_vocab is not None and draft_vocab.numel() and int(draft_vocab.max()) >= vocab:
+        raise ValueError(f"this EAGLE head's draft vocabulary has token id {int(draft_vocab.max())} and the target "
+                         f"has {vocab} tokens: the head was trained for another target model")
 
 
 # --- saving and loading -------------------------------------------------------------------

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from .drafters import Proposal
+from .drafters import DrafterBase, Proposal
 from .sampling import Sampler
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(DrafterBase):
     """Proposes the continuation of the most recent earlier match of the context's last n-gram.
 
     Tries n = ``max_ngram`` down to ``min_ngram``; the longest n-gram with a match wins.
@@ -35,5 +35,5 @@ class PromptLookupDrafter:
                 return Proposal(tokens[start : start + max_tokens])
         return Proposal(tokens.new_empty(0))
 
-    def update(self, tokens: torch.LongTensor, num_accepted: int) -> None:
+    def update(self, tokens: torch.LongTensor, num_accepted: int, features: torch.Tensor | None = None) -> None:
         """Nothing to learn: the next lookup sees the accepted tokens in the context."""

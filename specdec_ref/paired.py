@@ -23,10 +23,11 @@ from .timing import quartiles
 
 
 def time_rotated(fns: Mapping[str, Callable[[], Any]], warmup: int = 1, repeats: int = 3,
-                 clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
+                 clock: Callable[[], float] = time.perf_counter, first_round: int = 0) -> dict[str, list[float]]:
     """Seconds of each call of every function in ``fns``, ``repeats`` rounds after ``warmup``
     untimed ones. Round i starts with the i-th method (cyclically) and runs the others in order,
-    so each method goes first as often as the others; ``result[name][i]`` is round i's time."""
+    so each method goes first as often as the others; ``result[name][i]`` is round i's time.
+    ``first_round``: the number of the first round, for a caller that runs one round at a time."""
     if repeats < 1 or warmup < 0 or not fns:
         raise ValueError(f"need repeats >= 1, warmup >= 0 and at least one function (got {repeats}, {warmup})")
     names = list(fns)
@@ -34,7 +35,7 @@ def time_rotated(fns: Mapping[str, Callable[[], Any]], warmup: int = 1, repeats:
         for name in names:
             fns[name]()
     seconds: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(repeats):
+    for i in range(first_round, first_round + repeats):
         shift = i % len(names)
         for name in names[shift:] + names[:shift]:
             start = clock()

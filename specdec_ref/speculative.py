@@ -9,10 +9,12 @@ every emitted token is distributed exactly as the target would have sampled it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 
-from .drafters import Drafter, ModelDrafter
+from .drafters import Drafter, DrafterBase, ModelDrafter, Proposal, as_drafter_base
+from .eagle import EagleConfig
 from .inputs import check_request, clock, eos_ids
 from .kv_cache import keep_positions, new_cache, rollback
 from .sampling import Sampler
@@ -22,15 +24,22 @@ from .uag import CrossTokenizerDrafter
 
 
 def as_drafter(draft: object, target: torch.nn.Module, target_tokenizer=None, draft_tokenizer=None,
-               min_confidence: float | None = None) -> Drafter:
-    """Pick the drafter for ``draft``: drafters pass through; a model drafts natively when it
+               min_confidence: float | None = None) -> DrafterBase:
+    """The drafter for ``draft``, checked against ``target``: a drafter passes through (one with only
+    start/propose/update gets :class:`DrafterBase`'s defaults); a model drafts natively when it
     shares the target's vocabulary and through text (UAG) when the tokenizers say it does not.
     ``min_confidence`` (draft models only) ends a draft after a token the draft is unsure of."""
     if isinstance(draft, Drafter):
         if min_confidence is not None:
             raise ValueError("min_draft_confidence applies to draft models; set it on the Drafter you pass instead")
-        return draft
-    if not isinstance(draft, torch.nn.Module) or not hasattr(draft, "config"):
+        drafter = as_drafter_base(draft)
+        drafter.check_target(target)
+        return drafter
+    if isinstance(getattr(draft, "config", None), EagleConfig):
+        raise TypeError("draft is an EAGLE head, which drafts from the target's features: pass "
+                        "EagleDrafter(head, target, draft_vocab) as the draft")
+    if not isinstance(draft, torch.nn.Module) or not isinstance(getattr(draft.config if hasattr(draft, "config") else None,
+                                                                        "vocab_size", None), int):
         raise TypeError(
             f"draft must be a transformers causal LM or a Drafter (start/propose/update), got {type(draft).__name__}"
         )
@@ -151,10 +160,71 @@ def accept_greedy_tree(logits: torch.Tensor, drafts: torch.LongTensor, parents: 
     return path, int(target_tokens[path[-1] + 1 if path else 0])
 
 
+@dataclass
+class Verdict:
+    """What one verification pass decided: the drafts kept (in order), the target's own token
+    after them, whether a draft was rejected, and (for a drafter that reads them) the target's
+    features at the last token and the kept drafts."""
+
+    accepted: torch.LongTensor
+    next_token: torch.Tensor
+    rejected: bool
+    features: torch.Tensor | None
+
+
+def verify_chain(target: torch.nn.Module, cache, tokens: torch.LongTensor, length: int, proposal: Proposal,
+                 sampler: Sampler, features: bool) -> Verdict:
+    """One target pass over [last token, d1..dn] gives the target's distribution after every
+    prefix (n + 1 positions; asked for by number, so a pass with no drafts has a decode step's
+    shape); keep the longest agreeing prefix, then the target's own token (the correction at
+    the first disagreement, or the bonus token if all n agree)."""
+    drafts = proposal.tokens.to(tokens.device)
+    n = drafts.numel()
+    tokens[length : length + n] = drafts
+    out = target(tokens[None, length - 1 : length + n], past_key_values=cache, use_cache=True,
+                 logits_to_keep=n + 1, output_hidden_states=features)
+    logits = out.logits[0]
+    if sampler.greedy:
+        num_accepted, next_token = accept_greedy(logits, drafts)
+    else:
+        q = None if proposal.probs is None else proposal.probs.to(logits.device)
+        num_accepted, next_token = accept_sampled(sampler.probs(logits), drafts, q, sampler)
+    num_accepted = int(num_accepted)
+    return Verdict(drafts[:num_accepted], next_token, num_accepted < n,
+                   out.hidden_states[-1][0, : num_accepted + 1] if features else None)
+
+
+def verify_tree(target: torch.nn.Module, cache, tokens: torch.LongTensor, length: int, proposal: Proposal,
+                sampler: Sampler, features: bool) -> Verdict:
+    """One target pass over [last token, the tree's nodes] under a mask that lets each node read
+    only its own branch; keep the longest branch the target agrees with (greedy only), its
+    cache entries moved up to follow the last token."""
+    if not sampler.greedy:
+        raise ValueError("a tree of drafts is verified greedily only; when sampling, propose a chain")
+    drafts, parents = proposal.tokens.to(tokens.device), proposal.parents.tolist()
+    out = target(torch.cat([tokens[length - 1 : length], drafts])[None], past_key_values=cache, use_cache=True,
+                 logits_to_keep=drafts.numel() + 1, output_hidden_states=features,
+                 **tree_verification_inputs(parents, length - 1, target.dtype, tokens.device))
+    path, next_token = accept_greedy_tree(out.logits[0], drafts, parents)
+    keep_positions(cache, length, [length + node for node in path])
+    rejected = (path[-1] if path else -1) in parents  # the branch stopped where it had children
+    return Verdict(drafts[path], torch.tensor(next_token), rejected,
+                   out.hidden_states[-1][0, [0, *(node + 1 for node in path)]] if features else None)
+
+
+def check_proposal(proposal: Proposal, max_drafts: int, drafter: DrafterBase) -> None:
+    """Raise if ``proposal`` drafts further ahead than the loop asked."""
+    parents = proposal.parents
+    depth = max(tree_depths(parents.tolist())) if parents is not None and parents.numel() else proposal.tokens.numel()
+    if depth > max_drafts:
+        drafted = f"returned {proposal.tokens.numel()} tokens" if parents is None else f"drafted {depth} tokens ahead"
+        raise ValueError(f"{drafter.name}.propose {drafted}; it was asked for at most {max_drafts}")
+
+
 def speculative_step(
     target: torch.nn.Module,
     cache,
-    drafter: Drafter,
+    drafter: DrafterBase,
     tokens: torch.LongTensor,
     length: int,
     max_drafts: int,
@@ -167,80 +237,30 @@ def speculative_step(
     On entry the target cache holds ``tokens[:length - 1]``; on exit it holds all but the
     last token again. Tokens past the returned length are scratch space.
     """
-    # 1. Draft: the drafter proposes up to max_drafts tokens.
+    # 1. Draft: the drafter proposes up to max_drafts tokens (a chain, or a tree of them).
     t0 = now()
     proposal = drafter.propose(tokens[:length], max_drafts, sampler)
-    drafts = proposal.tokens.to(tokens.device)
-    n = drafts.numel()
-    parents = None if proposal.parents is None or n == 0 else proposal.parents.tolist()
-    depth = n if parents is None else max(tree_depths(parents))
-    if depth > max_drafts:
-        drafted = f"returned {n} tokens" if parents is None else f"drafted {depth} tokens ahead"
-        raise ValueError(f"{type(drafter).__name__}.propose {drafted}; it was asked for at most {max_drafts}")
-    if parents is None:
-        tokens[length : length + n] = drafts
-    elif not sampler.greedy:
-        raise ValueError("a tree of drafts is verified greedily only; when sampling, propose a chain")
+    check_proposal(proposal, max_drafts, drafter)
     t1 = now()
 
-    # 2. Verify: one target pass over [last token, d1..dn] gives the target's
-    #    distribution after every prefix: n + 1 positions. (Asking for all n + 1 by
-    #    number gives a pass with no drafts a decode step's shape, for compiled models.)
-    #    A drafter that reads the target's features gets them from this same pass.
-    #    A tree of drafts goes in as one sequence under a mask that lets each read only its branch.
-    reads_features = getattr(drafter, "reads_target_features", False)
-    if parents is None:
-        inputs, tree = tokens[None, length - 1 : length + n], {}
-    else:
-        inputs = torch.cat([tokens[length - 1 : length], drafts])[None]
-        tree = tree_verification_inputs(parents, length - 1, target.dtype, tokens.device)
-    verified = target(inputs, past_key_values=cache, use_cache=True, logits_to_keep=n + 1,
-                      output_hidden_states=reads_features, **tree)
-    logits = verified.logits[0]
+    # 2. Verify: one target pass reads every draft; a drafter that reads the target's
+    #    features gets them from this same pass.
+    is_tree = proposal.parents is not None and proposal.tokens.numel() > 0
+    verify = verify_tree if is_tree else verify_chain
+    verdict = verify(target, cache, tokens, length, proposal, sampler, drafter.reads_target_features)
     t2 = now()
 
-    # 3. Accept: the longest agreeing prefix, then the target's own token (the
-    #    correction at the first disagreement, or the bonus token if all n agree).
-    #    In a tree: the longest agreeing branch.
-    if parents is not None:
-        path, next_token = accept_greedy_tree(logits, drafts, parents)
-        num_accepted = len(path)
-        tokens[length : length + num_accepted] = drafts[path]
-        rejected = (path[-1] if path else -1) in parents  # the branch stopped where it had children
-    else:
-        if sampler.greedy:
-            num_accepted, next_token = accept_greedy(logits, drafts)
-        else:
-            q = None if proposal.probs is None else proposal.probs.to(logits.device)
-            num_accepted, next_token = accept_sampled(sampler.probs(logits), drafts, q, sampler)
-        num_accepted = int(num_accepted)
-        rejected = num_accepted < n
-    tokens[length + num_accepted] = next_token
+    # 3. Accept: the kept drafts, then the target's own token.
+    num_accepted = verdict.accepted.numel()
+    tokens[length : length + num_accepted] = verdict.accepted
+    tokens[length + num_accepted] = verdict.next_token
     new_length = length + num_accepted + 1
 
-    # 4. Roll back: the target cache read all n drafts; keep only the accepted ones
-    #    (a tree's accepted branch first moved up to follow the last token).
-    if parents is not None:
-        keep_positions(cache, length, [length + node for node in path])
+    # 4. Roll back: the target cache read every draft; keep only the accepted ones.
     rollback(cache, new_length - 1)
-    if reads_features:  # the features of the positions the cache keeps: the last token and the accepted drafts
-        rows = slice(0, num_accepted + 1) if parents is None else [0, *(node + 1 for node in path)]
-        drafter.update(tokens[:new_length], num_accepted, verified.hidden_states[-1][0, rows])
-    else:
-        drafter.update(tokens[:new_length], num_accepted)
+    drafter.update(tokens[:new_length], num_accepted, verdict.features)
 
-    stats.iterations += 1
-    stats.target_forward_calls += 1
-    stats.draft_forward_calls += proposal.forward_calls
-    stats.drafted_tokens += n
-    stats.accepted_tokens += num_accepted
-    stats.rejections += rejected
-    if n:
-        stats.accepted_histogram[num_accepted] += 1
-    stats.draft_seconds += t1 - t0
-    stats.verify_seconds += t2 - t1
-    for name, seconds in proposal.seconds.items():
-        stats.draft_breakdown[name] = stats.draft_breakdown.get(name, 0.0) + seconds
+    stats.record_iteration(proposal, num_accepted, verdict.rejected, t1 - t0, t2 - t1)
     return new_length
 
 
@@ -306,10 +326,9 @@ def speculative_generate(
     if length > 1 and max_new_tokens > 0:
         # Prefill all but the last prompt token: the first verification pass reads that one.
         t0 = now()
-        reads_features = getattr(drafter, "reads_target_features", False)
         prefill = target(prompt[None, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1,
-                         output_hidden_states=reads_features)
-        if reads_features:
+                         output_hidden_states=drafter.reads_target_features)
+        if drafter.reads_target_features:  # the prompt's features, but the last token's
             drafter.update(prompt, 0, prefill.hidden_states[-1][0])
         stats.prefill_seconds = now() - t0
         stats.target_forward_calls += 1

@@ -1,4 +1,5 @@
-"""What a generation run returns: the tokens and the speculative "health check"."""
+"""What a generation run returns: the tokens and the speculative "health check"; and a health
+check on the generated text itself (:func:`loop_period`)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -39,6 +40,23 @@ class GenerationStats:
     total_seconds: float = 0.0
     # Finer split of draft_seconds reported by the drafter (e.g. UAG's decode / encode / align).
     draft_breakdown: dict[str, float] = field(default_factory=dict)
+
+    def record_iteration(self, proposal, num_accepted: int, rejected: bool, draft_seconds: float,
+                         verify_seconds: float) -> None:
+        """Count one draft / verify iteration: its :class:`~specdec_ref.drafters.Proposal`, the
+        drafts kept, whether one was rejected, and its draft and verification times."""
+        self.iterations += 1
+        self.target_forward_calls += 1
+        self.draft_forward_calls += proposal.forward_calls
+        self.drafted_tokens += proposal.tokens.numel()
+        self.accepted_tokens += num_accepted
+        self.rejections += rejected
+        if proposal.tokens.numel():
+            self.accepted_histogram[num_accepted] += 1
+        self.draft_seconds += draft_seconds
+        self.verify_seconds += verify_seconds
+        for name, seconds in proposal.seconds.items():
+            self.draft_breakdown[name] = self.draft_breakdown.get(name, 0.0) + seconds
 
     @classmethod
     def combined(cls, runs: Iterable[GenerationStats]) -> GenerationStats:
@@ -137,3 +155,14 @@ class GenerationOutput:
 
     sequences: torch.LongTensor
     stats: GenerationStats
+
+
+def loop_period(text: str, tail: int = 160) -> int | None:
+    """The shortest period (in characters) with which the last ``tail`` characters repeat,
+    if they do at least twice over; ``None`` for text that does not end in a loop.
+
+    Measured on text, not tokens, so the answer does not depend on the tokenizer."""
+    end = text[-tail:]
+    if len(end) < tail:
+        return None
+    return next((p for p in range(1, tail // 2 + 1) if end[p:] == end[:-p]), None)

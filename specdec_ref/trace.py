@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .drafters import Drafter, Proposal
+from .drafters import Drafter, DrafterBase, Proposal
 from .sampling import Sampler
 from .speculative import as_drafter, speculative_generate
 from .stats import GenerationOutput
@@ -78,26 +78,48 @@ def _cache_length(cache) -> int:
     return int(cache.get_seq_length()) if cache is not None else 0
 
 
-class TracingDrafter:
-    """A :class:`~specdec_ref.drafters.Drafter` that passes every call through to ``inner``
-    and records each iteration in ``iterations``.
+class TracingDrafter(DrafterBase):
+    """A drafter that passes every call through to ``inner`` (any :class:`~specdec_ref.drafters.DrafterBase`,
+    features included) and records each iteration in ``iterations``.
 
     ``target_cache`` is a one-element list the target's forward hook fills with the cache
     object the loop verifies with (the loop creates it, so it is seen on first use).
     """
 
-    def __init__(self, inner: Drafter) -> None:
+    def __init__(self, inner: DrafterBase) -> None:
         self.inner = inner
+        self.reads_target_features = inner.reads_target_features
         self.iterations: list[Iteration] = []
         self.target_cache: list = [None]
         self.target_cache_after_forward = 0
         self._pending: tuple | None = None
 
     def _draft_cache_length(self) -> int | None:
-        cache = getattr(self.inner, "cache", None)
-        return None if cache is None else _cache_length(cache)
+        return self.inner.cache_length
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def for_target(self, target: torch.nn.Module) -> TracingDrafter:
+        return TracingDrafter(self.inner.for_target(target))
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.inner.weight_bytes
+
+    @property
+    def num_parameters(self) -> int:
+        return self.inner.num_parameters
+
+    def check_target(self, target: torch.nn.Module) -> None:
+        self.inner.check_target(target)
+
+    def draft_step(self, target: torch.nn.Module, tokens: torch.LongTensor):
+        return self.inner.draft_step(target, tokens)
 
     def start(self, prompt: torch.LongTensor, max_new_tokens: int) -> None:
+        self._pending = None
         self.iterations.clear()
         self.target_cache[0] = None
         self.inner.start(prompt, max_new_tokens)
@@ -112,12 +134,17 @@ class TracingDrafter:
                          drafted - start, drafted)
         return proposal
 
-    def update(self, tokens: torch.LongTensor, num_accepted: int) -> None:
-        # The loop calls this right after rolling the target cache back.
+    def update(self, tokens: torch.LongTensor, num_accepted: int, features: torch.Tensor | None = None) -> None:
+        # The loop calls this right after rolling the target cache back (and after the prefill,
+        # with the prompt's features, for a drafter that reads them: no iteration to record).
+        if self._pending is None:
+            self.inner.update(tokens, num_accepted, features)
+            return
         rolled_back = time.perf_counter()
         drafts, target_before, draft_before, draft_drafted, draft_seconds, drafted = self._pending
         target_after = _cache_length(self.target_cache[0])
-        self.inner.update(tokens, num_accepted)
+        self.inner.update(tokens, num_accepted, features)
+        self._pending = None
         draft_cache = None if draft_before is None else (draft_before, draft_drafted, self._draft_cache_length())
         self.iterations.append(Iteration(
             drafts=drafts, accepted=num_accepted, target_token=int(tokens[-1]),

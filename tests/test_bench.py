@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from factories import build, noisy_copy
-from specdec_ref import bench, bf16_weights, roofline
+from specdec_ref import bench, roofline
+from specdec_ref.kernels import build as kernel_build
 
 PROMPTS = ["def decode(self, s):\n    ", "class JSONDecoder(object):\n", "    return  x + 123  # naïve\n"]
 
@@ -114,7 +115,7 @@ def test_demo_runs_on_the_shipped_zoo(tmp_path):
     # one DRAM figure per report: the roofline's and the fast path's (measured twice, they differed 2x)
     triads = re.findall(r"DRAM triad ([0-9.]+) GB/s", result.stdout)
     assert len(triads) == 2 and triads[0] == triads[1], triads
-    if bf16_weights.has_vector_units(bf16_weights._cpu_flags()):  # the showcase runs SmolLM2 on its GGUF codes
+    if kernel_build.has_vector_units(kernel_build.cpu_flags()):  # the showcase runs SmolLM2 on its GGUF codes
         assert "k=2, greedy, on Q4_1-coded weights (210 of 211 linear layers)" in result.stdout
 
 

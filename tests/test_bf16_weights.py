@@ -9,11 +9,11 @@ import torch
 
 from factories import assert_passes_on_the_avx2_build, build, noisy_copy, prompt
 from specdec_ref import autoregressive_generate, speculative_generate, zoo
-from specdec_ref.kernels import bf16 as bf16_weights, fast
+from specdec_ref.kernels import bf16 as bf16_weights, build as kernel_build, fast
 from specdec_ref.roofline import streamed_weight_bytes, weight_bytes
 
-CPU_FLAGS = bf16_weights._cpu_flags()
-VECTOR_UNITS = bf16_weights.has_vector_units(CPU_FLAGS)
+CPU_FLAGS = kernel_build.cpu_flags()
+VECTOR_UNITS = kernel_build.has_vector_units(CPU_FLAGS)
 # Without AVX-512 or AVX2 the kernel cannot be built or run: there, the tests of the fallback
 # (availability's reason, prepare packing instead) are what applies.
 needs_kernel = pytest.mark.skipif(not VECTOR_UNITS, reason="the kernel is AVX-512 or AVX2 code; this CPU has neither")
@@ -37,15 +37,15 @@ def test_available_exactly_where_the_cpu_has_the_vector_units():
 
 
 def test_vector_units():
-    assert bf16_weights.has_vector_units({"avx512f"}) and bf16_weights.has_vector_units({"avx2", "fma", "sse2"})
-    assert not bf16_weights.has_vector_units({"avx2"}) and not bf16_weights.has_vector_units({"avx", "fma"})
+    assert kernel_build.has_vector_units({"avx512f"}) and kernel_build.has_vector_units({"avx2", "fma", "sse2"})
+    assert not kernel_build.has_vector_units({"avx2"}) and not kernel_build.has_vector_units({"avx", "fma"})
 
 
 def test_unavailable_without_vector_units_or_a_compiler_or_with_an_unknown_variant_says_why(monkeypatch):
     build_uncached = bf16_weights._operator.__wrapped__
-    monkeypatch.setattr(bf16_weights, "_cpu_flags", lambda: {"sse2", "avx"})
+    monkeypatch.setattr(kernel_build, "cpu_flags", lambda: {"sse2", "avx"})
     assert build_uncached() == (False, "this CPU has neither AVX-512 nor AVX2 with FMA, which the kernel is written for")
-    monkeypatch.setattr(bf16_weights, "_cpu_flags", lambda: {"avx2", "fma"})
+    monkeypatch.setattr(kernel_build, "cpu_flags", lambda: {"avx2", "fma"})
     monkeypatch.setenv("SPECDEC_BF16_KERNEL", "avx10")
     ok, reason = build_uncached()
     assert not ok and "SPECDEC_BF16_KERNEL='avx10' is not a kernel variant (choose from native, avx2)" in reason

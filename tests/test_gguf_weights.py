@@ -10,12 +10,12 @@ import torch
 
 from factories import assert_passes_on_the_avx2_build, build
 from specdec_ref import autoregressive_generate, speculative_generate, zoo
-from specdec_ref.kernels import bf16 as bf16_weights, fast, gguf as gguf_weights
+from specdec_ref.kernels import bf16 as bf16_weights, build as kernel_build, fast, gguf as gguf_weights
 from specdec_ref.eagle import EagleDrafter
 from specdec_ref.roofline import streamed_weight_bytes, weight_bytes
 from test_bf16_weights import rounding_bound
 
-VECTOR_UNITS = bf16_weights.has_vector_units(bf16_weights._cpu_flags())
+VECTOR_UNITS = kernel_build.has_vector_units(kernel_build.cpu_flags())
 needs_kernel = pytest.mark.skipif(not VECTOR_UNITS, reason="the kernel is AVX2 code; this CPU has no AVX2 with FMA")
 
 

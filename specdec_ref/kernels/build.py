@@ -20,7 +20,7 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC")  
 KERNEL_VARIANTS = {"native": (), "avx2": ("-mno-avx512f",)}
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
@@ -63,8 +63,8 @@ def build_operator(source: Path, operators: tuple[str, ...], kernel: str) -> tup
     the instruction set it was built for (AVX-512 where the CPU and the variant have it, else AVX2)."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return False, f"the kernel is written for x86-64 Linux, not {platform.system()} {platform.machine()}"
-    cpu_flags = _cpu_flags()
-    if not has_vector_units(cpu_flags):
+    flags = cpu_flags()
+    if not has_vector_units(flags):
         return False, "this CPU has neither AVX-512 nor AVX2 with FMA, which the kernel is written for"
     compiler = _compiler()
     if compiler is None:
@@ -74,7 +74,7 @@ def build_operator(source: Path, operators: tuple[str, ...], kernel: str) -> tup
         return False, (f"SPECDEC_BF16_KERNEL={os.environ['SPECDEC_BF16_KERNEL']!r} is not a kernel variant "
                        f"(choose from {', '.join(KERNEL_VARIANTS)})")
     key = hashlib.sha256("\n".join([source.read_text(), compiler, torch.__version__, *FLAGS, *variant,
-                                    *sorted(cpu_flags)]).encode()).hexdigest()[:16]
+                                    *sorted(flags)]).encode()).hexdigest()[:16]
     built = cache_root() / "kernels" / f"{source.stem}-{key}.so"
     if not built.exists():
         built.parent.mkdir(parents=True, exist_ok=True)
@@ -88,5 +88,5 @@ def build_operator(source: Path, operators: tuple[str, ...], kernel: str) -> tup
     torch.ops.load_library(str(built))
     for name in operators:
         torch.library.register_fake(f"specdec::{name}")(_output_shape)
-    isa = "AVX-512" if "avx512f" in cpu_flags and not variant else "AVX2"
+    isa = "AVX-512" if "avx512f" in flags and not variant else "AVX2"
     return True, f"the {kernel} is built ({isa}, {built.name})"

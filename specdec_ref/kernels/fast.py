@@ -27,6 +27,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+from transformers import PretrainedConfig
 
 from ..kv_cache import CAPACITY_ATTRIBUTE
 from ..modules import copy_sharing_weights, linear_layers, mark_form
@@ -189,6 +190,21 @@ def fast_layers(module: torch.nn.Module) -> torch.nn.Module:
     return module
 
 
+class _SameForm:
+    """What :func:`specdec_ref.modules.like` does for a prepared model: a draft model gets
+    :func:`prepare` with the same options; a drafter's own layers (an EAGLE head, its LM head rows)
+    the same kernels (:func:`fast_layers`), unless the model kept its eager layers (compiled only)."""
+
+    def __init__(self, compile: bool, bf16_weights: bool, gguf_weights: bool, eager_layers: bool) -> None:
+        self.options = dict(compile=compile, bf16_weights=bf16_weights, gguf_weights=gguf_weights)
+        self.eager_layers = eager_layers
+
+    def __call__(self, module: torch.nn.Module) -> torch.nn.Module:
+        if isinstance(getattr(module, "config", None), PretrainedConfig):
+            return prepare(module, **self.options)
+        return module if self.eager_layers else fast_layers(module)
+
+
 @torch.no_grad()
 def prepare(model: torch.nn.Module, only_if_faster: bool = False, compile: bool = False,
             bf16_weights: bool = True, gguf_weights: bool = True) -> torch.nn.Module:
@@ -242,8 +258,7 @@ def prepare(model: torch.nn.Module, only_if_faster: bool = False, compile: bool 
     else:
         _read_grouped_heads_in_place(fast_model)
     setattr(fast_model, CAPACITY_ATTRIBUTE, kv_cache_capacity(fast_model))
-    if is_fast(fast_model):  # a drafter's own layers (an EAGLE head) go on the same kernels
-        mark_form(fast_model, fast_layers)
+    mark_form(fast_model, _SameForm(compile, bf16_weights, gguf_weights, eager_layers=not is_fast(fast_model)))
     if only_if_faster:
         speedup = decode_step_speedup(model, fast_model)
         if speedup <= 1.0:
