@@ -422,7 +422,6 @@ def plot(summary: dict, path: str) -> None:
     left.plot(ks, [c["speculative_speedup"] for c in configs], "o-", label="specdec_ref (measured)")
     left.plot(ks, [c["predicted_speedup"] for c in configs], "s--", label="predicted from measured a, c, v(k)")
     left.plot(ks, [c["predicted_speedup_from_tau"] for c in configs], "d:", label="predicted from measured tau, c, v(k)")
-    left.plot(ks, [c["predicted_speedup_in_run"] for c in configs], "x-.", label="predicted from a, with the runs' own c, v(k)")
     if "dynamic" in configs[0]:
         left.plot(ks, [c["speculative_dynamic_speedup"] for c in configs], "v-",
                   label=f"specdec_ref, dynamic k (confidence >= {configs[0]['dynamic']['min_draft_confidence']})")
