@@ -9,13 +9,15 @@ can be compared by their per-round ratios. :func:`speed_verdict` turns such a ra
 than a same-work (A/A) check's, two runs of the same work timed against each other.
 :func:`in_run_costs` reads the draft cost ratio c and the verification cost v off the timings
 that generation runs recorded, for comparison with the isolated passes of
-:func:`specdec_ref.costs.measure_costs`.
+:func:`specdec_ref.costs.measure_costs`. :func:`check_speed` is the check every printed verdict
+on a speedup passes first: enough pairs, and nothing the cost model says cannot happen.
 """
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .stats import GenerationStats
@@ -101,6 +103,101 @@ def speed_phrase(ratio: float, spread: tuple[float, float], reference: str, same
                 "not distinguishable from that check")
     return (f"showed no measurable difference from {reference} "
             f"(median {ratio:.2f}x, IQR {low:.2f}-{high:.2f} straddles 1)")
+
+
+# Fewest pairs behind any verdict on a speed ratio.
+MIN_PAIRS = 5
+# A verification pass reads every weight a one-token step reads, and more activations: it costs at
+# least one step. Measured below MIN_VERIFY_COST (one step less timing noise), the timing is wrong.
+MIN_VERIFY_COST = 0.9
+# Per-pair noise a quartile may add above the ceiling before the spread itself is implausible.
+QUARTILE_SLACK = 1.25
+
+
+def speedup_ceiling(tokens_per_pass: float, draft_passes_per_iteration: float = 0.0, min_draft_cost: float = 0.0,
+                    min_verify_cost: float = 1.0) -> float:
+    """The most speculative decoding can gain over plain decoding when every iteration yields
+    ``tokens_per_pass`` tokens (tau) for one verification pass and ``draft_passes_per_iteration``
+    draft steps, each at its cheapest plausible cost in target steps: tau / (passes x c_min + v_min).
+    A measured speedup above it did not come from the decoding: the timing is off."""
+    return tokens_per_pass / (draft_passes_per_iteration * min_draft_cost + min_verify_cost)
+
+
+@dataclass(frozen=True)
+class SpeedCheck:
+    """A speed ratio (above 1: faster) from ``pairs`` paired runs, checked against the cost model.
+
+    ``problems`` lists why the timing cannot be read as a result (too few pairs, a speedup above
+    :func:`speedup_ceiling`, a verification pass cheaper than a step); ``verdict`` is "faster",
+    "slower", "not resolved" (the interquartile range straddles 1), or "not read" when a problem
+    stands."""
+
+    ratio: float
+    spread: tuple[float, float]
+    pairs: int
+    ceiling: float | None
+    problems: tuple[str, ...]
+
+    @property
+    def verdict(self) -> str:
+        if self.problems:
+            return "not read"
+        verdict = speed_verdict(self.ratio, self.spread)
+        return "not resolved" if verdict == "no measurable difference" else verdict
+
+    def phrase(self, reference: str) -> str:
+        """The ratio, its spread and the verdict in words, after a subject: e.g. "ran 1.32x as fast
+        as plain decoding (IQR 1.29-1.33 over 9 pairs, above 1)"."""
+        low, high = self.spread
+        figures = f"{self.ratio:.2f}x {reference}'s speed, IQR {low:.2f}-{high:.2f} over {self.pairs} pairs"
+        if self.problems:
+            return f"gave no reading ({figures}: {'; '.join(self.problems)})"
+        if self.verdict == "faster":
+            return f"ran faster than {reference} ({figures}, above 1)"
+        if self.verdict == "slower":
+            return f"ran slower than {reference} ({figures}, below 1)"
+        return f"is not resolved against {reference} ({figures}, straddles 1)"
+
+
+def check_speed(ratios: Sequence[float], tokens_per_pass: float | None = None, draft_passes_per_iteration: float = 0.0,
+                min_draft_cost: float = 0.0, verify_cost: float | None = None, min_pairs: int = MIN_PAIRS) -> SpeedCheck:
+    """Check per-pair speed ratios of speculative over plain decoding (above 1: faster) against the
+    cost model: at least ``min_pairs`` pairs; the median no higher than :func:`speedup_ceiling` for
+    the run's own ``tokens_per_pass`` (when given), the upper quartile no higher than
+    :data:`QUARTILE_SLACK` times it; a measured ``verify_cost`` (one verification
+    pass in one-token steps, when given) no lower than :data:`MIN_VERIFY_COST`. Ratios of two ways
+    of plain decoding (no tokens per pass) get only the pair count checked."""
+    ratios = list(ratios)
+    if not ratios:
+        raise ValueError("no pairs to check")
+    ratio, spread = statistics.median(ratios), quartiles(ratios)
+    problems = []
+    if len(ratios) < min_pairs:
+        problems.append(f"{len(ratios)} pairs, fewer than the {min_pairs} a verdict needs")
+    ceiling = None
+    if tokens_per_pass is not None:
+        ceiling = speedup_ceiling(tokens_per_pass, draft_passes_per_iteration, min_draft_cost)
+        if ratio > ceiling:
+            problems.append(f"{ratio:.2f}x is above the {ceiling:.2f}x that {tokens_per_pass:.2f} tokens per target "
+                            "pass allow")
+        elif spread[1] > ceiling * QUARTILE_SLACK:
+            problems.append(f"a quarter of the pairs are above {spread[1]:.2f}x, beyond the {ceiling:.2f}x that "
+                            f"{tokens_per_pass:.2f} tokens per target pass allow")
+    if verify_cost is not None and verify_cost < MIN_VERIFY_COST:
+        problems.append(f"a verification pass measured at {verify_cost:.2f} of a decode step, cheaper than a step")
+    return SpeedCheck(ratio, spread, len(ratios), ceiling, tuple(problems))
+
+
+def measured_until_readable(measure: Callable[[int], SpeedCheck], pairs: int = MIN_PAIRS,
+                            max_pairs: int = 4 * MIN_PAIRS) -> SpeedCheck:
+    """``measure(pairs)``, measured again with twice the pairs while its check finds a problem,
+    up to ``max_pairs``: the last check, which a caller prints as it is (a problem that stands is
+    shown as one, never as a verdict)."""
+    check = measure(pairs)
+    while check.problems and pairs * 2 <= max_pairs:
+        pairs *= 2
+        check = measure(pairs)
+    return check
 
 
 def side_of(spread: tuple[float, float], band: tuple[float, float]) -> str:

@@ -94,3 +94,31 @@ def test_a_gap_counts_only_beyond_the_same_work_check(ratio, spread, same_work, 
 
 def test_gap_from_one_is_symmetric_as_printed():
     assert gap_from_one(0.88) == gap_from_one(1.12) == 0.12 and gap_from_one(1.0) == 0.0
+
+
+def test_check_speed_reads_only_what_the_cost_model_allows():
+    from specdec_ref.paired import check_speed, measured_until_readable, speedup_ceiling
+
+    assert speedup_ceiling(2.0) == 2.0 and speedup_ceiling(3.0, 4, 0.25) == pytest.approx(1.5)
+    clean = check_speed([1.3, 1.4, 1.35, 1.32, 1.38], tokens_per_pass=2.2, draft_passes_per_iteration=4,
+                        min_draft_cost=0.05, verify_cost=1.1)
+    assert clean.verdict == "faster" and not clean.problems and "over 5 pairs, above 1" in clean.phrase("plain decoding")
+    # lesson 7's prompt lookup: a median above tau itself
+    assert check_speed([1.2, 0.14, 4.69, 1.24, 1.3], tokens_per_pass=1.22).verdict == "not read"
+    # lesson 5's k = 4: a plausible median with a quarter of the pairs far above the ceiling
+    assert "a quarter of the pairs" in check_speed([1.29, 1.2, 4.22, 4.3, 1.25, 3.9, 1.1], tokens_per_pass=2.5).problems[0]
+    assert "cheaper than a step" in check_speed([1.3] * 5, tokens_per_pass=2.5, verify_cost=0.52).problems[0]
+    assert "fewer than the 5" in check_speed([1.3, 1.4, 1.2], tokens_per_pass=2.5).problems[0]
+    assert check_speed([0.9, 1.2, 1.05, 1.0, 1.1]).verdict == "not resolved"
+    assert check_speed([0.8, 0.85, 0.9, 0.82, 0.88]).verdict == "slower"
+    asked = []
+
+    def measure(pairs):
+        asked.append(pairs)
+        return check_speed([1.3] * pairs, tokens_per_pass=2.0)
+
+    assert measured_until_readable(measure).verdict == "faster" and asked == [5]
+    asked.clear()
+    assert measured_until_readable(lambda pairs: asked.append(pairs) or check_speed([3.0] * pairs, tokens_per_pass=2.0),
+                                   max_pairs=20).verdict == "not read"
+    assert asked == [5, 10, 20]
