@@ -1,8 +1,9 @@
-"""Command line: ``python -m specdec_ref {demo,bench,roofline}``."""
+"""Command line: ``python -m specdec_ref {demo,bench,generate,roofline}``."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -13,6 +14,71 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 DEMO_PAIRS = {"course": ("zoo:target", "zoo:draft"), "real": ("zoo:smollm2", "zoo:smollm2-draft"),
               "eagle": ("zoo:smollm2", "zoo:smollm2-eagle")}
 SHOWCASE_PROMPT = "How do I read a CSV file in Python? Show a short example."
+# What the bench's and the demo's symbols mean (lesson 3's cost model), printed above their figures.
+LEGEND = ("tau: tokens per target pass; a: acceptance probability (accepted / judged drafts); "
+          "c: draft step / target step; v(k): verify pass of k+1 tokens / target step")
+# Set to see the traceback behind an `error: ...` line.
+TRACEBACK_VARIABLE = "SPECDEC_TRACEBACK"
+
+
+class CommandError(SystemExit):
+    """A mistake in the command: ``main`` prints ``error: <message>`` on one line of stderr and the
+    process exits with status 2, argparse's convention (``str()`` gives that line)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"error: {self.message}"
+
+
+def _number(kind: type, low: float, low_ok: bool, high: float | None = None, high_ok: bool = False,
+            what: str | None = None):
+    """An argparse ``type=``: ``kind`` within the bounds, checked while the arguments are parsed
+    (before any model loads)."""
+    bounds = (f"{'>=' if low_ok else '>'} {low}" if high is None else
+              f"in {'[' if low_ok else '('}{low}, {high}{']' if high_ok else ')'}")
+    name = what or f"{'an integer' if kind is int else 'a number'} {bounds}"
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {name}, got {text!r}") from None
+        if (value < low or (value == low and not low_ok)
+                or (high is not None and (value > high or (value == high and not high_ok)))):
+            raise argparse.ArgumentTypeError(f"expected {name}, got {text!r}")
+        return value
+    return parse
+
+
+positive_int = _number(int, 1, True)
+nonnegative_int = _number(int, 0, True)
+positive_float = _number(float, 0, False)
+probability = _number(float, 0, False, 1, False)  # a draft confidence bar: strictly between 0 and 1
+top_p_value = _number(float, 0, False, 1, True)
+confidence_or_zero = _number(float, 0, True, 1, False, "a probability in (0, 1), or 0 to skip")
+
+
+def _check_zoo_names(*names: str) -> None:
+    """Refuse an unknown ``zoo:`` name before any model loads (``zoo.resolve``'s message lists the names)."""
+    from . import zoo
+
+    for name in names:
+        if name.startswith(zoo.PREFIX) and name[len(zoo.PREFIX):] not in zoo.NAMES:
+            zoo.resolve(name)
+
+
+def k_list(text: str) -> list[int]:
+    """``--k 1,2,4``: comma-separated draft lengths, each >= 1."""
+    try:
+        ks = [int(k) for k in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if any(k < 1 for k in ks):
+        raise argparse.ArgumentTypeError(f"every k must be >= 1 (got {text})")
+    return ks
 
 
 def _prompts(n: int) -> list[str]:
@@ -140,7 +206,8 @@ def showcase(k: int, max_new_tokens: int, rounds: int = 2) -> None:
     head does not pay there. Whether it is faster is measured and printed, not assumed."""
     from transformers import TextStreamer
 
-    from . import autoregressive_generate, bench, fast, speculative_generate
+    from . import autoregressive_generate, bench, speculative_generate
+    from .kernels import fast
     from .timing import threads_for_timing, time_paired
 
     pair = bench.load_pair("zoo:smollm2", "zoo:smollm2-eagle")
@@ -230,6 +297,7 @@ def demo(args: argparse.Namespace) -> None:
         print(f"transformers assisted        {result['hf_assisted_tokens_per_second']:7.1f} tokens/s  "
               f"speedup {result['hf_assisted_speedup']:.2f}x")
     costs = summary["cost_model"]
+    print(LEGEND)
     print(f"acceptance rate {result['acceptance_rate']:.3f} (accepted / drafted), acceptance probability "
           f"a = {result['acceptance_probability']:.3f} (accepted / judged), tokens per target pass "
           f"{result['tokens_per_target_pass']:.2f}")
@@ -272,17 +340,18 @@ def demo(args: argparse.Namespace) -> None:
 def run_bench(args: argparse.Namespace) -> None:
     from . import bench
 
-    ks = [int(k) for k in args.k.split(",")]
-    if any(k < 1 for k in ks):
-        sys.exit(f"error: every k must be >= 1 (got {args.k})")
+    ks = args.k
     if args.temperature is not None and not args.do_sample:
-        sys.exit("error: --temperature needs --do-sample (the default is greedy decoding)")
+        raise CommandError("--temperature needs --do-sample (the default is greedy decoding)")
     if args.do_sample and args.fast:
-        sys.exit("error: --fast compares greedy outputs; it takes no --do-sample")
+        raise CommandError("--fast compares greedy outputs; it takes no --do-sample")
     if args.compile and not args.fast:
-        sys.exit("error: --compile chooses the --fast path's kind; use it with --fast")
+        raise CommandError("--compile chooses the --fast path's kind; use it with --fast")
     if args.weights_first and args.device != "cpu":
-        sys.exit("error: --weights-first is a choice of CPU kernel; use it with --device cpu")
+        raise CommandError("--weights-first is a choice of CPU kernel; use it with --device cpu")
+    if args.fast and (args.plot or args.min_confidence is not None):
+        raise CommandError("--fast compares eager and fast at fixed k; it draws no plot and takes no --min-confidence")
+    _check_zoo_names(args.target, args.draft)
     pair = bench.load_pair(args.target, args.draft, device=args.device, dtype=DTYPES[args.dtype],
                            weights_first=args.weights_first)
     if args.weights_first:
@@ -295,7 +364,7 @@ def run_bench(args: argparse.Namespace) -> None:
         try:
             prompts = read_prompts_file(args.prompts_file, pair.target_tokenizer)
         except ValueError as error:
-            sys.exit(f"error: {error}")
+            raise CommandError(str(error)) from None
         prompts = prompts[: args.prompts] if args.prompts else prompts
     else:
         prompts = _prompts(args.prompts or 20)
@@ -308,8 +377,8 @@ def run_bench(args: argparse.Namespace) -> None:
         summary = bench.run(pair, prompts, ks, args.max_new_tokens, hf_assisted=not args.no_hf,
                             min_draft_confidence=args.min_confidence,
                             temperature=(args.temperature or 1.0) if args.do_sample else None, seed=args.seed)
-    except ValueError as error:  # e.g. --min-confidence with prompt lookup, or out of (0, 1)
-        sys.exit(f"error: {error}")
+    except ValueError as error:  # e.g. --min-confidence with prompt lookup
+        raise CommandError(str(error)) from None
     summary |= {"target": args.target, "draft": args.draft, "device": args.device, "dtype": args.dtype,
                 "repeat_prompts": args.repeat_prompts, "prompts_file": args.prompts_file,
                 "weights_first": args.weights_first}
@@ -318,6 +387,7 @@ def run_bench(args: argparse.Namespace) -> None:
               "Speculative sampling is exact in distribution (each token is drawn from the target's "
               "distribution), not sample by sample, so its samples differ from the baseline's; lesson 4 "
               "tests the distribution.")
+    print(LEGEND)
     for c in summary["configs"]:
         hf = f"  hf {c['hf_assisted_speedup']:.2f}x" if "hf_assisted_speedup" in c else ""
         print(f"k={c['k']:2d}  speedup {c['speculative_speedup']:.2f}x (predicted {c['predicted_speedup']:.2f}x, "
@@ -354,21 +424,95 @@ def run_bench(args: argparse.Namespace) -> None:
 def run_fast_bench(args: argparse.Namespace, pair, prompts: list[str], ks: list[int]) -> None:
     from . import bench
 
-    if args.plot or args.min_confidence is not None:
-        sys.exit("error: --fast compares eager and fast at fixed k; it draws no plot and takes no --min-confidence")
     try:
         if args.compile:
             print("compiling with torch.compile during the warm-up (a minute or more per model on 2 cores)...",
                   flush=True)
         summary = bench.run_fast(pair, prompts, ks, args.max_new_tokens, compile=args.compile)
     except ValueError as error:  # the fast path does not apply (device, dtype, torch, compiler)
-        sys.exit(f"error: {error}")
+        raise CommandError(str(error)) from None
     summary |= {"target": args.target, "draft": args.draft, "device": args.device, "dtype": args.dtype,
                 "repeat_prompts": args.repeat_prompts, "weights_first": args.weights_first}
     print("\n".join(fast_report(summary)))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
         print(f"JSON written to {args.json}")
+
+
+def _fast_pair(pair):
+    """``(target, drafter)`` of ``pair`` on the fast path (:mod:`specdec_ref.kernels.fast`), the
+    drafter following its target (``DrafterBase.for_target``), as ``bench.run_fast`` does."""
+    from .kernels import fast
+
+    usable, reason = fast.available(pair.target)
+    if not usable:
+        raise CommandError(f"--fast does not apply here: {reason}")
+    target = fast.prepare(pair.target)
+    return target, pair.drafter.for_target(target)
+
+
+def run_generate(args: argparse.Namespace) -> None:
+    """Stream one speculative generation to stdout; then the health check, one line on stderr."""
+    from transformers import TextStreamer
+    from transformers.utils import logging as hf_logging
+
+    from . import autoregressive_generate, bench, speculative_generate, zoo
+
+    sampling = {"--temperature": args.temperature, "--top-k": args.top_k, "--top-p": args.top_p}
+    given = [flag for flag, value in sampling.items() if value is not None]
+    if given and not args.do_sample:
+        raise CommandError(f"{' and '.join(given)} {'needs' if len(given) == 1 else 'need'} --do-sample "
+                           "(the default is greedy decoding)")
+    if args.fast and args.weights_first:
+        raise CommandError("--fast and --weights-first are two different kernel choices; pick one")
+    if args.weights_first and args.device != "cpu":
+        raise CommandError("--weights-first is a choice of CPU kernel; use it with --device cpu")
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt.strip():
+        raise CommandError("the prompt is empty")
+    _check_zoo_names(args.target, args.draft)
+    hf_logging.disable_progress_bar()  # stderr carries the health check, not loading bars
+    if args.chat and not getattr(zoo.load_tokenizer(args.target), "chat_template", None):
+        raise CommandError(f"--chat: the tokenizer of {args.target} has no chat template"
+                           + ("; zoo:target-chat is zoo:target with one" if args.target == "zoo:target" else ""))
+
+    pair = bench.load_pair(args.target, args.draft, device=args.device, dtype=DTYPES[args.dtype],
+                           weights_first=args.weights_first)
+    target, drafter = _fast_pair(pair) if args.fast else (pair.target, pair.drafter)
+    tokenizer = pair.target_tokenizer
+    if args.chat:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                               add_generation_prompt=True)
+    ids = tokenizer(prompt, return_tensors="pt").input_ids.to(target.device)
+    rule = {"do_sample": args.do_sample}
+    if args.do_sample:
+        rule |= {"temperature": args.temperature or 1.0, "top_k": args.top_k, "top_p": args.top_p}
+
+    def seeded() -> torch.Generator | None:
+        return torch.Generator(target.device).manual_seed(args.seed) if args.do_sample else None
+
+    def speculative(max_new_tokens: int, streamer=None, **kwargs):
+        return speculative_generate(target, drafter, ids, max_new_tokens, args.k, generator=seeded(),
+                                    streamer=streamer, **rule, **kwargs)
+
+    # A short warm-up of both ways of decoding first, so neither timing pays the first passes' costs.
+    speculative(min(2, args.max_new_tokens), eos_token_id=[])
+    if not args.no_baseline:
+        autoregressive_generate(target, ids, min(2, args.max_new_tokens), eos_token_id=[], generator=seeded(), **rule)
+    out = speculative(args.max_new_tokens, TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True))
+    stats = out.stats
+    line = (f"health check: {stats.tokens_per_target_pass:.2f} tokens per target pass, acceptance rate "
+            f"{stats.acceptance_rate:.2f}, acceptance probability {stats.acceptance_probability:.2f}, "
+            f"{stats.new_tokens} tokens at {stats.tokens_per_second:.1f} tokens/s")
+    if args.no_baseline:
+        line += "; the target alone not timed (--no-baseline)"
+    elif stats.new_tokens:
+        alone = autoregressive_generate(target, ids, stats.new_tokens, eos_token_id=[], generator=seeded(), **rule)
+        ratio = stats.tokens_per_second / alone.stats.tokens_per_second
+        verdict = ("helped" if ratio > 1.05 else "did not help" if ratio < 0.95
+                   else "made no clear difference (one timed run each)")
+        line += f"; the target alone {alone.stats.tokens_per_second:.1f} tokens/s: the draft {verdict} ({ratio:.2f}x)"
+    print(line, file=sys.stderr)
 
 
 def run_roofline(args: argparse.Namespace) -> None:
@@ -387,24 +531,26 @@ def run_roofline(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line's parser: every option carries a one-line help."""
-    parser = argparse.ArgumentParser(prog="python -m specdec_ref", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m specdec_ref", description=__doc__,
+                                     epilog=f"A mistake in a command ends in one 'error: ...' line and exit status 2; "
+                                            f"set {TRACEBACK_VARIABLE}=1 to see its traceback.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("demo", help="stream a generation and compare baseline vs speculative on the zoo pair")
     p.add_argument("--pair", choices=sorted(DEMO_PAIRS), default="course",
                    help="course: the zoo's 23M target and its draft (fast); real: SmolLM2-135M-Instruct "
                         "and its distilled draft (about 6x slower per token); eagle: SmolLM2 and its EAGLE head")
-    p.add_argument("--showcase-tokens", type=int, default=64,
+    p.add_argument("--showcase-tokens", type=nonnegative_int, default=64,
                    help="first, SmolLM2 answering a question through its EAGLE head, streamed and timed "
                         "against the target alone: this many new tokens (0 skips it)")
-    p.add_argument("--k", type=int, default=4, help="draft tokens per iteration (the showcase uses 2, its best k)")
-    p.add_argument("--prompts", type=int, default=12, help="number of held-out prompts for the benchmark")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt")
-    p.add_argument("--min-confidence", type=float, default=0.4,
+    p.add_argument("--k", type=positive_int, default=4, help="draft tokens per iteration (the showcase uses 2, its best k)")
+    p.add_argument("--prompts", type=positive_int, default=12, help="number of held-out prompts for the benchmark")
+    p.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens generated per prompt")
+    p.add_argument("--min-confidence", type=confidence_or_zero, default=0.4,
                    help="also show dynamic draft length with this confidence bar (0 skips it)")
     p.add_argument("--plot", default="out/demo.png", help="where to write the speedup figure (PNG)")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
-    p.add_argument("--fast-prompts", type=int, default=4,
+    p.add_argument("--fast-prompts", type=nonnegative_int, default=4,
                    help="prompts for the last section, eager vs the fast path (0 skips it)")
     p.set_defaults(func=demo)
 
@@ -414,22 +560,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", default="zoo:draft",
                    help='draft model (zoo name, folder or Hub id; another tokenizer goes through UAG), '
                         'or "ngram" for prompt lookup')
-    p.add_argument("--k", default="1,2,3,4,6,8", help="comma-separated draft lengths")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt (EOS ignored)")
-    p.add_argument("--prompts", type=int,
+    p.add_argument("--k", type=k_list, default=[1, 2, 3, 4, 6, 8], help="comma-separated draft lengths (default 1,2,3,4,6,8)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens generated per prompt (EOS ignored)")
+    p.add_argument("--prompts", type=positive_int,
                    help="number of prompts: held-out course prompts (default 20), or the first N of --prompts-file")
     p.add_argument("--prompts-file",
                    help='prompts, one per line; or JSON Lines with {"prompt": ...} or {"messages": [...]} '
                         "(chat messages get the target's chat template)")
     p.add_argument("--do-sample", action="store_true",
                    help="sample instead of greedy decoding (outputs are then not compared; see --temperature)")
-    p.add_argument("--temperature", type=float, help="sampling temperature with --do-sample (default 1.0)")
+    p.add_argument("--temperature", type=positive_float, help="sampling temperature with --do-sample (default 1.0)")
     p.add_argument("--seed", type=int, default=0, help="seed for sampling (each prompt gets seed + its index)")
     p.add_argument("--device", default="cpu", help="torch device for both models")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="weights' dtype for both models")
     p.add_argument("--repeat-prompts", action="store_true",
                    help="prompts whose continuation repeats earlier text (where prompt lookup shines)")
-    p.add_argument("--min-confidence", type=float,
+    p.add_argument("--min-confidence", type=probability,
                    help="also run dynamic drafting: stop a draft after a token below this draft probability")
     p.add_argument("--json", help="also write the full summary as JSON to this path")
     p.add_argument("--plot", help="write the speedup-vs-k figure (PNG) to this path")
@@ -443,16 +589,65 @@ def build_parser() -> argparse.ArgumentParser:
                         "on CPUs where PyTorch's x @ W^T is slow for a few rows, verification costs little more than a step")
     p.set_defaults(func=run_bench)
 
+    p = sub.add_parser("generate", help="stream one speculative generation, then its health check",
+                       description="Streams the target's output to stdout as drafted tokens are accepted, then "
+                                   "prints one line on stderr: tokens per target pass, acceptance, tokens/s, and "
+                                   "whether the draft helped (the target alone is timed on the same prompt).")
+    p.add_argument("prompt", help='the prompt ("-" reads it from stdin)')
+    p.add_argument("--target", default="zoo:smollm2",
+                   help="target model: a zoo name, a local folder or a Hub id (default zoo:smollm2, SmolLM2-135M-Instruct)")
+    p.add_argument("--draft", default="zoo:smollm2-eagle",
+                   help='draft: a draft model or an EAGLE head (zoo name, folder or Hub id), or "ngram" for prompt '
+                        "lookup (default zoo:smollm2-eagle, the target's EAGLE head)")
+    p.add_argument("--k", type=positive_int, default=4, help="draft tokens per iteration (default 4)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=128,
+                   help="the most tokens generated; it stops earlier at EOS (default 128)")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap the prompt as a user message in the target tokenizer's chat template (SmolLM2 is an "
+                        "instruct model: ask it questions this way)")
+    p.add_argument("--do-sample", action="store_true", help="sample instead of decoding greedily (greedy is the default)")
+    p.add_argument("--temperature", type=positive_float, help="sampling temperature with --do-sample (default 1.0)")
+    p.add_argument("--top-k", type=positive_int, help="with --do-sample: sample among the k most likely tokens")
+    p.add_argument("--top-p", type=top_p_value, help="with --do-sample: nucleus sampling's probability mass")
+    p.add_argument("--seed", type=int, default=0, help="seed for sampling (default 0)")
+    p.add_argument("--device", default="cpu", help="torch device for both models (default cpu)")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
+                   help="weights' dtype for both models (default float32)")
+    p.add_argument("--fast", action="store_true",
+                   help="run on the fast path (specdec_ref.kernels.fast: SmolLM2 reads its GGUF codes)")
+    p.add_argument("--weights-first", action="store_true",
+                   help="compute few-row linear layers as W @ x^T (specdec_ref.kernels.weights_first; CPU only)")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="do not time the target alone afterwards (the health check then says nothing of speed-up)")
+    p.set_defaults(func=run_generate)
+
     p = sub.add_parser("roofline", help="bandwidth lower bounds per token for a model size")
-    p.add_argument("--params", type=float, default=70e9, help="parameter count, e.g. 8e9")
+    p.add_argument("--params", type=positive_float, default=70e9, help="parameter count, e.g. 8e9")
     p.add_argument("--dtype", default="bfloat16", help="weights' dtype (sets bytes per parameter)")
     p.set_defaults(func=run_roofline)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run a command. A mistake in it (a bad pair, an unknown zoo name, a file that is not there)
+    ends in one line, ``error: <message>``, on stderr and exit status 2, not a traceback: the
+    library's ``ValueError`` and ``OSError`` are its user-facing errors (set SPECDEC_TRACEBACK=1
+    to see the traceback instead). Arguments are checked as they are parsed, before any model loads."""
     args = build_parser().parse_args(argv)
-    args.func(args)
+    try:
+        args.func(args)
+    except CommandError as error:
+        print(error, file=sys.stderr)
+        raise
+    except BrokenPipeError:  # e.g. `generate ... | head -1`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(1) from None
+    except (ValueError, OSError) as error:
+        if os.environ.get(TRACEBACK_VARIABLE):
+            raise
+        message = (str(error).strip() or type(error).__name__).splitlines()[0]
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ place: :class:`Sampler`.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,9 @@ class Sampler:
         top_p: keep the smallest set of tokens whose mass reaches top_p (sampling only); see
             :meth:`probs` for the exact rule, ties included.
         generator: a seeded ``torch.Generator`` for reproducible runs.
+
+    Greedy decoding ignores ``temperature``, ``top_k`` and ``top_p``, as ``transformers`` does;
+    setting any of them with ``do_sample=False`` gives one ``UserWarning`` that says so.
     """
 
     do_sample: bool = False
@@ -40,6 +44,16 @@ class Sampler:
             raise ValueError(f"top_k must be a positive integer or None (got {self.top_k})")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1] or None (got {self.top_p})")
+        if not self.do_sample:
+            ignored = [f"{name}={value}" for name, value, default in (
+                ("temperature", self.temperature, 1.0), ("top_k", self.top_k, None), ("top_p", self.top_p, None))
+                if value is not None and value != default and not (name == "top_p" and value == 1.0)]
+            if ignored:
+                # stacklevel 3: past __post_init__ and the dataclass's __init__, to whoever built the Sampler
+                named = ignored[0] if len(ignored) == 1 else f"{', '.join(ignored[:-1])} and {ignored[-1]}"
+                warnings.warn(f"{named} {'is' if len(ignored) == 1 else 'are'} ignored when "
+                              "do_sample=False (greedy decoding): pass do_sample=True to sample with "
+                              f"{'it' if len(ignored) == 1 else 'them'}", UserWarning, stacklevel=3)
 
     @property
     def greedy(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 #: Speculative methods :func:`serve_command` knows, with whether each needs a
@@ -66,6 +67,74 @@ def _zoo_tokenizer(name: str) -> str | None:
     return None if tokenizer == str(zoo.resolve(name)) else tokenizer
 
 
+def _local_config(name: str) -> dict | None:
+    """The ``config.json`` of a zoo model or a local folder as a dict; None for a Hub id that
+    is not on disk, or a folder without one."""
+    try:
+        return json.loads((Path(resolve_model(name)) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _is_eagle_head(folder: str, config: dict | None) -> bool | None:
+    """True for an EAGLE head, False for a full causal LM, None where it cannot be told from the
+    files (a Hub id not on disk, or a one-layer model, the shape of other projects' EAGLE heads)."""
+    if config is None:
+        return None
+    architectures = " ".join(config.get("architectures") or []).lower()
+    if "specdec_eagle" in config or "eagle" in architectures or (Path(folder) / "draft_vocab.json").is_file():
+        return True
+    layers = config.get("num_hidden_layers")
+    if isinstance(layers, int) and layers > 1 and architectures.endswith("forcausallm") and "speculator" not in architectures:
+        return False
+    return None
+
+
+def _shape(config: dict) -> str:
+    return f"hidden size {config['hidden_size']} and {config['vocab_size']} tokens"
+
+
+def check_draft(method: str, draft: str, target: str) -> None:
+    """Raise ``ValueError``, in one sentence, when ``draft`` is the wrong kind of checkpoint for
+    ``method`` or an EAGLE head trained for another model than ``target``: a causal LM given to
+    ``eagle``/``eagle3``, an EAGLE head given to ``draft_model``, a head whose target's shapes
+    (``hidden_size``, ``vocab_size`` in its ``config.json``) are not ``target``'s. Zoo names and
+    local folders are checked from their files; Hub ids that are not on disk are not checked."""
+    if method not in ("draft_model", "eagle", "eagle3"):
+        return
+    if draft.startswith("zoo:"):
+        from specdec_ref import zoo
+
+        if draft[len("zoo:"):] not in zoo.NAMES:
+            resolve_model(draft)  # raises, listing the zoo's names
+        config = None  # read only when needed: resolving zoo:smollm2 may convert it first
+        head = zoo.is_eagle_head(draft)
+        heads = ", ".join("zoo:" + name for name in zoo.EAGLE_HEADS)
+    else:
+        config = _local_config(draft)
+        head = _is_eagle_head(draft, config)
+        heads = None
+    if method == "draft_model" and head:
+        raise ValueError(f"{draft} is an EAGLE head, not a draft model: serve it with method='eagle', which "
+                         "feeds it the target's features")
+    if method == "draft_model":
+        return
+    if head is False:
+        raise ValueError(f"{draft} is a causal LM, not an EAGLE head: method={method!r} takes a head trained on "
+                         "the target's features" + (f" (the zoo has {heads})" if heads else "")
+                         + ", and a full draft model goes with method='draft_model'")
+    if head:
+        head_config = config if config is not None else _local_config(draft)
+        target_config = _local_config(target)
+        keys = ("hidden_size", "vocab_size")
+        if head_config is None or target_config is None or not all(
+                isinstance(c.get(key), int) for c in (head_config, target_config) for key in keys):
+            return
+        if any(head_config[key] != target_config[key] for key in keys):
+            raise ValueError(f"{draft} is an EAGLE head for a target with {_shape(head_config)}, and {target} "
+                             f"has {_shape(target_config)}: a head drafts only for the model it was trained on")
+
+
 def speculative_config(
     method: str,
     *,
@@ -76,7 +145,9 @@ def speculative_config(
 ) -> dict[str, Any]:
     """The ``--speculative-config`` dictionary for ``method``, validated.
 
-    ``draft`` is passed as given (resolve ``zoo:`` names first).  For ``ngram``,
+    ``draft`` is passed as given, ``zoo:`` names included, and only its presence is
+    checked: :func:`serve_command` resolves ``zoo:`` names to their folders and checks the
+    draft against the method and the target (:func:`check_draft`).  For ``ngram``,
     vLLM uses 5 for a missing bound when both are missing and copies the other
     bound when one is; we pass only what the caller set.
 
@@ -165,9 +236,10 @@ def serve_command(
         The argument list, ready for :class:`subprocess.Popen` or ``shlex.join``.
 
     Raises:
-        ValueError: invalid settings (see :func:`speculative_config`), or
-            ``extra_args`` repeating an option this function writes or using
-            a flag vLLM no longer has.
+        ValueError: invalid settings (see :func:`speculative_config`), a draft
+            of the wrong kind for ``method`` or an EAGLE head for another target
+            (see :func:`check_draft`), or ``extra_args`` repeating an option this
+            function writes or using a flag vLLM no longer has.
     """
     if not isinstance(port, int) or not 0 < port < 65536:
         raise ValueError(f"port must be in 1..65535, got {port!r}")
@@ -184,11 +256,14 @@ def serve_command(
     else:
         spec = speculative_config(
             method,
-            draft=None if draft is None else resolve_model(draft),
+            draft=draft,
             num_speculative_tokens=num_speculative_tokens,
             prompt_lookup_min=prompt_lookup_min,
             prompt_lookup_max=prompt_lookup_max,
         )
+        if draft is not None:
+            check_draft(method, draft, target)
+            spec["model"] = resolve_model(draft)
 
     model = resolve_model(target)
     tokenizer = _zoo_tokenizer(target)

@@ -53,19 +53,24 @@ RECIPE_NAMES: tuple[str, ...] = ("target", "draft", "draft-xtok", "target-chat",
 REBUILD = "python -m specdec_ref.zoo.train --out zoo --budget full"
 
 
+def _check_name(name: str) -> None:
+    """Raise ``ValueError``, listing the zoo's names, when ``name`` is ``zoo:`` and a name it lacks."""
+    if name.startswith(PREFIX) and name[len(PREFIX):] not in NAMES:
+        raise ValueError(f"unknown zoo model {name!r}; valid names: "
+                         + ", ".join(PREFIX + n for n in NAMES))
+
+
 def _entry(name: str) -> tuple[str, str] | None:
     """The zoo entry for ``"zoo:<name>"``; None when ``name`` is not a zoo name."""
     if not name.startswith(PREFIX):
         return None
+    _check_name(name)
     key = name[len(PREFIX):]
     if key == _CONVERTED:
         from .smollm2 import ensure_converted
 
         folder = str(ensure_converted())
         return folder, folder
-    if key not in _ENTRIES:
-        raise ValueError(f"unknown zoo model {name!r}; valid names: "
-                         + ", ".join(PREFIX + n for n in NAMES))
     return _ENTRIES[key]
 
 
@@ -132,30 +137,69 @@ def verify(folder: str | Path, zoo_dir: Path = ZOO_DIR) -> None:
                                f"from git or rebuild with `{REBUILD}`.")
 
 
+# Files one of which a folder needs for AutoTokenizer (fast, slow, SentencePiece or tiktoken tokenizers).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                    "spiece.model", "tokenizer.tiktoken")
+
+
 def load_tokenizer(name: str, zoo_dir: Path = ZOO_DIR) -> PreTrainedTokenizerBase:
     """Tokenizer of a zoo name (checksummed), a local path or a Hub id."""
     path = resolve_tokenizer(name, zoo_dir)
     if _shipped(name):
         verify(path, zoo_dir)
+    folder = Path(path)
+    if folder.is_dir() and not any((folder / file).is_file() for file in _TOKENIZER_FILES):
+        # transformers' own error here is about converting slow tokenizers, not the missing files
+        raise ValueError(f"{name} has no tokenizer (no tokenizer.json or tokenizer_config.json in {folder}): "
+                         "save the model's tokenizer beside its weights with tokenizer.save_pretrained(folder)")
     return AutoTokenizer.from_pretrained(path)
 
 
+def _config(folder: Path) -> dict | None:
+    """The ``config.json`` of a folder as a dict; None when there is none (or it is not JSON)."""
+    try:
+        return json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def is_eagle_head(name_or_path: str, zoo_dir: Path = ZOO_DIR) -> bool:
-    """Whether ``name_or_path`` is an EAGLE draft head (a zoo name or a folder saved by
-    ``specdec_ref.eagle.save_head``) rather than a causal LM."""
+    """Whether ``name_or_path`` is an EAGLE draft head rather than a causal LM: a zoo name in
+    ``EAGLE_HEADS``, or a folder saved by ``specdec_ref.eagle.save_head`` (it holds the draft
+    vocabulary, and its ``config.json`` a ``specdec_eagle`` entry)."""
     name = str(name_or_path)
     if name.startswith(PREFIX):
         return name[len(PREFIX):] in EAGLE_HEADS
     from ..eagle import VOCAB_NAME
 
-    return (Path(name) / VOCAB_NAME).is_file()
+    folder = Path(name)
+    return (folder / VOCAB_NAME).is_file() or "specdec_eagle" in (_config(folder) or {})
+
+
+def _not_a_head(name: str) -> str:
+    """Why ``load_eagle`` refuses ``name``, in one sentence (``name`` is not an EAGLE head)."""
+    heads = ", ".join(PREFIX + head for head in EAGLE_HEADS)
+    if name.startswith(PREFIX):
+        kind = "a draft model" if "draft" in name[len(PREFIX):] else "a target model"
+        return (f"{name} is {kind}, not an EAGLE head: load it with zoo.load, and give load_eagle an EAGLE head "
+                f"(the zoo's: {heads})")
+    if not Path(name).is_dir():
+        return (f"{name} is not a folder on this machine, so it cannot be an EAGLE head saved by "
+                f"specdec_ref.eagle.save_head (the zoo's EAGLE heads: {heads})")
+    return (f"{name} is not an EAGLE head (its config.json has no specdec_eagle entry, which "
+            f"specdec_ref.eagle.save_head writes): load a causal LM with zoo.load (the zoo's EAGLE heads: {heads})")
 
 
 def load_eagle(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu", zoo_dir: Path = ZOO_DIR):
     """``(head, draft vocabulary)`` of an EAGLE draft head, checksummed when it is a zoo name;
-    give both to :class:`specdec_ref.eagle.EagleDrafter` with its target."""
+    give both to :class:`specdec_ref.eagle.EagleDrafter` with its target. Raises ``ValueError``
+    for a name that is not an EAGLE head (a causal LM, an unknown zoo name, a missing folder)."""
     from ..eagle import load_head
 
+    name = str(name)
+    _check_name(name)
+    if not is_eagle_head(name, zoo_dir):
+        raise ValueError(_not_a_head(name))
     path = resolve(name, zoo_dir)
     if _shipped(name):
         verify(path, zoo_dir)
@@ -175,10 +219,15 @@ def load(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
     computed as W @ xᵀ (``specdec_ref.kernels.weights_first``); it cannot be combined with ``fast``."""
     if fast and weights_first:
         raise ValueError("fast and weights_first are two different kernel choices for the linear layers; pick one")
+    name = str(name)
+    _check_name(name)
     if is_eagle_head(name, zoo_dir):
         raise ValueError(f"{name} is an EAGLE draft head, not a causal LM: it drafts from its target's "
-                         "features. Load it with zoo.load_eagle and pass EagleDrafter(head, target, vocab) "
-                         "as the draft (bench and demo do this for you).")
+                         "features, so load it with zoo.load_eagle and pass EagleDrafter(head, target, vocab) "
+                         "as the draft (bench and demo do this for you)")
+    if not name.startswith(PREFIX) and name.startswith(("/", "./", "../")) and not Path(name).exists():
+        raise ValueError(f"no model folder at {name}")  # not a Hub id: transformers would say it is a bad one
+    tokenizer = load_tokenizer(name, zoo_dir)  # first: a folder without one fails before its weights load
     path = resolve(name, zoo_dir)
     if _shipped(name):
         verify(path, zoo_dir)
@@ -191,4 +240,4 @@ def load(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu",
         from ..kernels import weights_first as few_rows
 
         model = few_rows.weights_first(model)
-    return model, load_tokenizer(name, zoo_dir)
+    return model, tokenizer
