@@ -52,7 +52,7 @@ from specdec_ref.eagle import EagleDrafter
 from specdec_ref.paired import in_run_costs
 from specdec_ref.timing import threads_for_timing
 from specdec_ref.zoo import load, load_eagle
-from specdec_ref.zoo.distill import KINDS, heldout_prompts, interleave
+from specdec_ref.zoo.prompts import KINDS, heldout_prompts, interleave
 
 
 def cpu_name() -> str:

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from specdec_ref import bench
-from specdec_ref.zoo.distill import KINDS, heldout_prompts, interleave
-from specdec_ref.zoo.evaluate import loop_period
+from specdec_ref.stats import loop_period
+from specdec_ref.zoo.prompts import KINDS, heldout_prompts, interleave
 
 
 def by_kind(summary: dict, kinds: tuple[str, ...], tokenizer) -> dict:

@@ -89,7 +89,7 @@ def _prompts(n: int) -> list[str]:
 
 def _mixed_prompts(n: int, tokenizer) -> list[str]:
     """``n`` held-out prompts of the real pair, alternating prose, code and chat."""
-    from .zoo.distill import KINDS, heldout_prompts, interleave
+    from .zoo.prompts import KINDS, heldout_prompts, interleave
 
     return [text for _, text in interleave(heldout_prompts(tokenizer, per_kind=-(-n // len(KINDS))))][:n]
 

@@ -18,7 +18,7 @@ from factories import build, prompt
 from specdec_ref import Sampler, speculative_generate
 from specdec_ref.eagle import DraftHead, EagleConfig, EagleDrafter, eagle_inputs, init_head, load_head, save_head
 from specdec_ref.kernels.weights_first import WeightsFirstLinear, is_weights_first, weights_first
-from specdec_ref.zoo import eagle as recipe
+from specdec_ref.recipes import eagle_data, eagle_head
 from test_sampling_exactness import PROMPT, VOCAB, chi_square_pvalue, exact_joint, sample_counts
 
 EOS = 2
@@ -31,15 +31,15 @@ def greedy_reference(target, ids, max_new_tokens, eos=None):
 
 def trained_head(target, ckpt: Path, sequences: list[torch.Tensor], seed: int = 0, steps: int = 300):
     """A head fitted on ``sequences`` (the target's own greedy continuations)."""
-    data = recipe.target_features(target, sequences)
-    budget = recipe.Budget(gen_batch=1, new_tokens=1, greedy_batches=0, greedy_minutes=0, sampled_batches=0,
-                           sampled_minutes=0, code_prompts=0, extra_code_prompts=0,
-                           draft_vocab=target.config.vocab_size, steps=steps, train_minutes=0, batch_tokens=256,
-                           lr=1e-2, eval_every_tokens=10**9)
+    data = eagle_data.target_features(target, sequences)
+    budget = eagle_data.Budget(gen_batch=1, new_tokens=1, greedy_batches=0, greedy_minutes=0, sampled_batches=0,
+                               sampled_minutes=0, code_prompts=0, extra_code_prompts=0,
+                               draft_vocab=target.config.vocab_size, steps=steps, train_minutes=0, batch_tokens=256,
+                               lr=1e-2, eval_every_tokens=10**9)
     head = init_head(EagleConfig.for_target(target.config), seed)
-    recipe.frozen_float(target)
-    to_draft, lm_weight = recipe.draft_lm_head(target, None)
-    record = recipe.train_head(head, target, data, {"train": data[:4]}, to_draft, lm_weight, budget, ckpt)
+    eagle_head.frozen_float(target)
+    to_draft, lm_weight = eagle_head.draft_lm_head(target, None)
+    record = eagle_head.train_head(head, target, data, {"train": data[:4]}, to_draft, lm_weight, budget, ckpt)
     return head, record
 
 
@@ -92,13 +92,13 @@ def test_held_out_agreement_counts_only_the_scored_positions(target_and_head):
     """The learning curve scores a held-out continuation from ``scored_from`` on (its prompt
     is trained on, never scored)."""
     target, head, _, sequences = target_and_head
-    data = recipe.target_features(target, sequences[:3])
-    scored = recipe.target_features(target, sequences[:3], scored_from=[10, 10, 10])
+    data = eagle_data.target_features(target, sequences[:3])
+    scored = eagle_data.target_features(target, sequences[:3], scored_from=[10, 10, 10])
     assert [d.scored_from for d in data] == [0] * 3 and [d.scored_from for d in scored] == [10] * 3
-    to_draft, lm_weight = recipe.draft_lm_head(target, None)
+    to_draft, lm_weight = eagle_head.draft_lm_head(target, None)
     embed = target.get_input_embeddings()
-    _, whole = recipe.head_losses(head, embed, lm_weight, to_draft, recipe.collate(data))
-    _, part = recipe.head_losses(head, embed, lm_weight, to_draft, recipe.collate(scored))
+    _, whole = eagle_head.head_losses(head, embed, lm_weight, to_draft, eagle_data.collate(data))
+    _, part = eagle_head.head_losses(head, embed, lm_weight, to_draft, eagle_data.collate(scored))
     lengths = [d.ids.numel() for d in data]
     assert [n for _, n in whole] == [sum(n - 1 for n in lengths), sum(n - 2 for n in lengths)]
     assert [n for _, n in part] == [sum(n - 10 for n in lengths)] * 2
@@ -106,7 +106,7 @@ def test_held_out_agreement_counts_only_the_scored_positions(target_and_head):
     # best_of=N: right where the target's token is among the head's best N (all of them: every position)
     # (an untrained head, which the trained one's near-perfect fit of these sequences would hide)
     fresh = init_head(EagleConfig.for_target(target.config), seed=1)
-    right = [[r for r, _ in recipe.head_losses(fresh, embed, lm_weight, to_draft, recipe.collate(scored),
+    right = [[r for r, _ in eagle_head.head_losses(fresh, embed, lm_weight, to_draft, eagle_data.collate(scored),
                                                best_of=n)[1]] for n in (1, 2, 16, target.config.vocab_size)]
     assert all(a <= b for fewer, more in zip(right, right[1:]) for a, b in zip(fewer, more)), right
     assert right[2][0] > right[0][0] and right[-1] == [n for _, n in part], right
@@ -237,20 +237,20 @@ def test_stored_features_are_kept_per_data_file_and_computed_again_when_it_chang
     passes = []
     hook = target.model.register_forward_hook(lambda *_: passes.append(1))
     try:
-        uncached = recipe.stored_features(target, data)
-        recipe.stored_features(target, data, cache)
+        uncached = eagle_data.stored_features(target, data)
+        eagle_data.stored_features(target, data, cache)
         computed = len(passes)
-        again = recipe.stored_features(target, data, cache)
+        again = eagle_data.stored_features(target, data, cache)
         assert len(passes) == computed, "cached features were computed again"
         store("sampled-00000.npz", sequences[5:7])
-        changed = recipe.stored_features(target, data, cache)
+        changed = eagle_data.stored_features(target, data, cache)
         assert len(passes) == computed + 1, "a changed data file, and only it, is computed again (one chunk)"
     finally:
         hook.remove()
     assert sorted(p.name for p in cache.iterdir()) == ["greedy-00000.float32.pt", "sampled-00000.float32.pt"]
     for a, b in zip(uncached, again, strict=True):
         assert torch.equal(a.ids, b.ids) and torch.equal(a.features, b.features) and torch.equal(a.labels, b.labels)
-    fresh = recipe.target_features(target, sequences[5:7])
+    fresh = eagle_data.target_features(target, sequences[5:7])
     assert [torch.equal(a.ids, b.ids) and torch.equal(a.features, b.features) for a, b in zip(changed[3:], fresh)] \
         == [True, True]
 

@@ -11,7 +11,7 @@ import torch
 
 from specdec_ref import autoregressive_generate, speculative_generate
 from specdec_ref.zoo import NAMES, load, resolve, resolve_tokenizer, smollm2
-from specdec_ref.zoo.distill import KINDS, TOPICS, heldout_prompts, interleave, prompts
+from specdec_ref.zoo.prompts import KINDS, TOPICS, heldout_prompts, interleave, prompts
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,7 +96,7 @@ def test_heldout_prompts_share_nothing_with_training(real_pair):
 def test_the_eagle_heads_extra_prompts_keep_the_split_and_the_stored_files(real_pair):
     """The head's prompts start with the distilled draft's (the stored continuations were made
     from them, in order), add topics and code of its own, and hold out the same prompts."""
-    from specdec_ref.zoo.eagle import EXTRA_TOPICS, training_prompts
+    from specdec_ref.recipes.eagle_data import EXTRA_TOPICS, training_prompts
 
     tokenizer = real_pair[2]
     texts = training_prompts(tokenizer, code_limit=50, extra_code=40)
@@ -134,9 +134,9 @@ def test_a_course_draft_of_another_tokenizer_drafts_through_uag(real_pair):
 
 @pytest.mark.slow
 def test_the_distillation_recipe_runs_end_to_end(tmp_path):
-    """`python -m specdec_ref.zoo.distill --budget tiny`: teacher outputs, a draft, manifest entries."""
-    from specdec_ref.zoo.distill import build
-    from specdec_ref.zoo.train import native_bf16
+    """`python -m specdec_ref.recipes.distill --budget tiny`: teacher outputs, a draft, manifest entries."""
+    from specdec_ref.recipes.distill import build
+    from specdec_ref.recipes.train import native_bf16
 
     out, work = tmp_path / "zoo", tmp_path / "work"
     out.mkdir()
@@ -154,7 +154,7 @@ def test_the_distillation_recipe_runs_end_to_end(tmp_path):
 
 
 def test_greedy_agreement_is_total_for_the_teacher_and_partial_for_the_draft(real_pair):
-    from specdec_ref.zoo.distill import greedy_agreement
+    from specdec_ref.recipes.distill import greedy_agreement
 
     target, draft, tokenizer, _ = real_pair
     by_kind = {"prose": ["The history of the bicycle begins"],
@@ -175,13 +175,13 @@ def test_the_example_prompts_file_renders_with_smollm2s_chat_template(real_pair)
 
 @pytest.mark.slow
 def test_the_eagle_recipe_runs_end_to_end(tmp_path):
-    """`python -m specdec_ref.zoo.eagle --budget tiny`: continuations stored, a head trained and
+    """`python -m specdec_ref.recipes.eagle_head --budget tiny`: continuations stored, a head trained and
     saved with its manifest entries; it drafts for SmolLM2 with greedy output unchanged; a rerun
     adds continuations instead of regenerating them, and so does the generation stage alone."""
     from specdec_ref.eagle import EagleDrafter
     from specdec_ref.zoo import load_eagle
-    from specdec_ref.zoo.eagle import (BUDGETS, build, chat_prompt, evaluate, file_continuations, grow_data,
-                                       prompt_sets)
+    from specdec_ref.recipes.eagle_data import BUDGETS, chat_prompt, file_continuations, grow_data, prompt_sets
+    from specdec_ref.recipes.eagle_head import build, evaluate
 
     out, work, data = tmp_path / "zoo", tmp_path / "work", tmp_path / "data"
     out.mkdir()

@@ -16,8 +16,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from specdec_ref.zoo import EAGLE_HEADS, NAMES, RECIPE_NAMES, ZOO_DIR, load, load_tokenizer, resolve, resolve_tokenizer
 from specdec_ref.zoo import corpus
 from specdec_ref.zoo.corpus import build_corpus, corpus_cache_key, heldout_prompts, is_test_file, load_or_build_corpus
-from specdec_ref.zoo.train import native_bf16, topk_distill_loss, training_autocast
-from specdec_ref.zoo.evaluate import evaluate, loop_period
+from specdec_ref.recipes.evaluate import evaluate
+from specdec_ref.recipes.train import native_bf16, topk_distill_loss, training_autocast
+from specdec_ref.stats import loop_period
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -27,7 +28,7 @@ def tiny_zoo(tmp_path_factory) -> Path:
     """The full recipe, run as a user would, on the tiny budget (a few steps, tiny sizes)."""
     out = tmp_path_factory.mktemp("zoo") / "zoo"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    subprocess.run([sys.executable, "-m", "specdec_ref.zoo.train", "--out", str(out), "--budget", "tiny"],
+    subprocess.run([sys.executable, "-m", "specdec_ref.recipes.train", "--out", str(out), "--budget", "tiny"],
                    cwd=REPO, env=env, check=True, timeout=300)
     return out
 
@@ -93,7 +94,7 @@ def test_resolver(tmp_path: Path) -> None:
     assert resolve("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"  # Hub ids pass through unchanged
     with pytest.raises(ValueError, match="zoo:draft-xtok"):  # the message lists the valid names
         resolve("zoo:nope")
-    with pytest.raises(FileNotFoundError, match="specdec_ref.zoo.train"):  # says how to rebuild
+    with pytest.raises(FileNotFoundError, match="specdec_ref.recipes.train"):  # says how to rebuild
         resolve("zoo:target", zoo_dir=tmp_path)
     with pytest.raises(FileNotFoundError):
         load_tokenizer("zoo:draft-chat", zoo_dir=tmp_path)

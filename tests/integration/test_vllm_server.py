@@ -215,7 +215,7 @@ def serve_smollm2_like_specdec_ref(method: str, draft_name: str, drafter, k: int
     """SmolLM2 served by vLLM with ``method`` and ``draft_name``, on a held-out prose and chat
     prompt: asserts the greedy output is specdec_ref's (with ``drafter``) and the acceptance rate
     within ``tolerance`` of ours; returns a line for the report."""
-    from specdec_ref.zoo.distill import heldout_prompts
+    from specdec_ref.zoo.prompts import heldout_prompts
 
     target, tokenizer = zoo.load("zoo:smollm2")
     texts = heldout_prompts(tokenizer, per_kind=1)

@@ -1,9 +1,9 @@
 """Rebuild the course model zoo from scratch: corpus, two tokenizers, target, drafts.
 
-    python -m specdec_ref.zoo.train --out zoo --budget full
+    python -m specdec_ref.recipes.train --out zoo --budget full
 
 Stages, in order (``--resume`` skips those whose output already exists in OUT):
-  1. corpus     cleaned stdlib sources, file-level held-out split (corpus.py)
+  1. corpus     cleaned stdlib sources, file-level held-out split (specdec_ref.zoo.corpus)
   2. tokenizers A (byte-level BPE, GPT-2 style pre-tokenizer) and B (different size,
                 pre-tokenizer and merges) for the cross-tokenizer draft
   3. target     Llama trained from scratch on the corpus (cross-entropy)

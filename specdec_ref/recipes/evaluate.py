@@ -1,7 +1,7 @@
 """Measure the zoo against its quality bars (figures for zoo/MODELS.md).
 
-    python -m specdec_ref.zoo.evaluate [--zoo DIR] [--prompts 24] [--k 4] [--new-tokens 128]
-                                       [--min-confidence 0.4]
+    python -m specdec_ref.recipes.evaluate [--zoo DIR] [--prompts 24] [--k 4] [--new-tokens 128]
+                                           [--min-confidence 0.4]
 
 On held-out prompts (``corpus.heldout_prompts``), greedy, it reports:
 - ``draft`` vs ``target``: acceptance rate (accepted / drafted), acceptance probability
@@ -12,7 +12,8 @@ On held-out prompts (``corpus.heldout_prompts``), greedy, it reports:
 - the same with dynamic draft length (``*_dynamic``): k is the most drafts per
   iteration, and a draft stops after a token it gave less than ``--min-confidence``.
 - that every speculative output equals the target's own greedy output.
-- whether the target's greedy outputs end in a loop, and its period in characters.
+- whether the target's greedy outputs end in a loop, and its period in characters
+  (``specdec_ref.stats.loop_period``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from specdec_ref import GenerationStats, speculative_generate
+from specdec_ref import speculative_generate
+from specdec_ref.stats import GenerationStats, loop_period
 from specdec_ref.zoo import ZOO_DIR, load
 from specdec_ref.zoo.corpus import heldout_prompts
 
@@ -35,17 +37,6 @@ def greedy(model: PreTrainedModel, ids: list[int], n: int) -> list[int]:
     x = torch.tensor([ids])
     out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False)
     return out[0, len(ids):].tolist()
-
-
-def loop_period(text: str, tail: int = 160) -> int | None:
-    """The shortest period (in characters) with which the last ``tail`` characters repeat,
-    if they do at least twice over; ``None`` for text that does not end in a loop.
-
-    Measured on text, not tokens, so the answer does not depend on the tokenizer."""
-    end = text[-tail:]
-    if len(end) < tail:
-        return None
-    return next((p for p in range(1, tail // 2 + 1) if end[p:] == end[:-p]), None)
 
 
 def evaluate(zoo_dir: Path = ZOO_DIR, n_prompts: int = 24, k: int = 4, new_tokens: int = 128,
