@@ -24,7 +24,7 @@ from .costs import measure_costs
 from .drafters import DrafterBase
 from .eagle import EagleDrafter
 from .ngram import PromptLookupDrafter
-from .paired import in_run_costs, time_rotated
+from .paired import check_speed, in_run_costs, time_rotated
 from .inputs import clock
 from .speculative import as_drafter, speculative_generate
 from .stats import GenerationStats
@@ -230,6 +230,10 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
                 torch.equal(b["sequences"].cpu(), r["sequences"].cpu()) for b, r in zip(baseline, results))
         stats = [r["stats"] for r in runs[k]["speculative"]]
         total = GenerationStats.combined(stats)
+        check = check_speed([b["seconds"] / r["seconds"] for b, r in zip(baseline, runs[k]["speculative"])],
+                            total.tokens_per_target_pass, verify_cost=costs["verify_costs"][k])
+        entry["speculative_check"] = {"verdict": check.verdict, "problems": list(check.problems),
+                                      "ceiling": check.ceiling, "pairs": check.pairs}
         # c and v as these very runs paid them (in their baselines' decode step): no drift between
         # the runs and a separate measurement, and the contexts the loop really had
         c_run, v_run = in_run_costs([b["stats"] for b in baseline], stats)

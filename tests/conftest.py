@@ -11,7 +11,7 @@ from factories import family_pair, tokenizer_a, tokenizer_b  # noqa: F401  (pyte
 
 # scripts/test.sh runs the suite as two pytest processes at once on two cores (``--stream main``
 # and ``--stream side``), one torch thread per process, then a third alone (``--stream quiet``).
-# The split is by measured time (see README.md for the latest figures per phase):
+# The split is by measured time (see docs/CONTRIBUTING.md for the latest figures per phase):
 # - side: what runs its own processes for long: the vLLM servers' tests, lesson 8 (which starts
 #   its own servers), then the class graded by nbgrader and the solutions run as a learner runs
 #   them (both run two notebooks at a time, and so take both cores once the main stream ends);

@@ -110,10 +110,11 @@ def test_bad_sampling_settings(models, bad):
 
 
 def test_greedy_ignores_temperature(models):
-    """transformers ignores temperature when do_sample=False; so do we (no error, same output)."""
+    """transformers ignores temperature when do_sample=False, with a warning; so do we (same output)."""
     target, draft = models
     ids = prompt(6)
-    a = speculative_generate(target, draft, ids, max_new_tokens=10, temperature=0.0)
+    with pytest.warns(UserWarning, match="temperature=0.0 is ignored when do_sample=False"):
+        a = speculative_generate(target, draft, ids, max_new_tokens=10, temperature=0.0)
     assert torch.equal(a.sequences, speculative_generate(target, draft, ids, max_new_tokens=10).sequences)
 
 

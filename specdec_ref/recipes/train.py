@@ -446,7 +446,7 @@ def write_manifest(out: Path, info: dict) -> None:
     """Checksums of every file in the zoo's model and tokenizer folders."""
     files = {p.relative_to(out).as_posix(): sha256_file(p)
              for p in sorted(out.rglob("*")) if p.is_file()
-             and p.name not in ("manifest.json", "MODELS.md") and not p.relative_to(out).parts[0].startswith("_")}
+             and p.name not in ("manifest.json", "MODELS.md", "LOG.md") and not p.relative_to(out).parts[0].startswith("_")}
     (out / "manifest.json").write_text(json.dumps({**info, "files": files}, indent=2) + "\n")
 
 
