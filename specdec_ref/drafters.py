@@ -16,6 +16,7 @@ from .inputs import check_context, context_length
 from .kv_cache import new_cache, rollback
 from .modules import GREEDY_DRAFTS, like
 from .roofline import streamed_weight_bytes
+from .timing import last_token_step
 from .sampling import Sampler
 
 
@@ -147,20 +148,31 @@ def as_drafter_base(drafter: Drafter) -> DrafterBase:
     return drafter if isinstance(drafter, DrafterBase) else _AdaptedDrafter(drafter)
 
 
-def model_draft_step(model: torch.nn.Module, tokens: torch.LongTensor) -> Callable[[], None]:
-    """One repeatable one-token pass of ``model`` on a cache of ``tokens[:-1]`` (ids cut to its vocabulary)."""
-    ids = tokens.clamp_max(model.config.vocab_size - 1)[None].to(model.device)
-    context = ids.shape[1] - 1
-    cache = new_cache(model)
-    model(ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+class DraftModelDrafter(DrafterBase):
+    """What every drafter that runs a draft model (``model``, with its KV cache ``cache``) shares:
+    the bytes and parameters it adds, its cache length, one draft step for the cost measurement."""
 
-    def step() -> None:
-        model(ids[:, context:], past_key_values=cache, use_cache=True, logits_to_keep=1)
-        rollback(cache, context)
-    return step
+    model: torch.nn.Module
+    cache: object
+
+    @property
+    def weight_bytes(self) -> float:
+        return streamed_weight_bytes(self.model)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    @property
+    def cache_length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def draft_step(self, target: torch.nn.Module, tokens: torch.LongTensor) -> Callable[[], None]:
+        # ids cut to the draft's vocabulary: random ones will do for timing
+        return last_token_step(self.model, tokens.clamp_max(self.model.config.vocab_size - 1)[None])
 
 
-class ModelDrafter(DrafterBase):
+class ModelDrafter(DraftModelDrafter):
     """Drafts autoregressively with a small causal LM that shares the target's tokenizer.
 
     ``vocab_size``: the target's logits width, when the draft's embedding matrix is padded
@@ -214,21 +226,6 @@ class ModelDrafter(DrafterBase):
 
     def for_target(self, target: torch.nn.Module) -> ModelDrafter:
         return ModelDrafter(like(self.model, target), self.vocab_size, self.min_confidence)
-
-    @property
-    def cache_length(self) -> int:
-        return self.cache.get_seq_length()
-
-    @property
-    def weight_bytes(self) -> float:
-        return streamed_weight_bytes(self.model)
-
-    @property
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
-
-    def draft_step(self, target: torch.nn.Module, tokens: torch.LongTensor) -> Callable[[], None]:
-        return model_draft_step(self.model, tokens)
 
 
 def check_min_confidence(min_confidence: float | None) -> None:

@@ -99,7 +99,15 @@ def decode_step(model: torch.nn.Module, context: int, seed: int = 0, batch: int 
     """A function that decodes one (seeded random) token per sequence on a ``context``-token
     cache of ``batch`` sequences and rolls the cache back, so that every call does the same work."""
     generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.config.vocab_size, (batch, context + 1), generator=generator).to(model.device)
+    ids = torch.randint(0, model.config.vocab_size, (batch, context + 1), generator=generator)
+    return last_token_step(model, ids)
+
+
+def last_token_step(model: torch.nn.Module, ids: torch.LongTensor) -> Callable[[], None]:
+    """A function that runs ``model`` on the last token of ``ids`` ([batch, n]) on a cache of the
+    others and rolls the cache back, so that every call does the same work."""
+    ids = ids.to(model.device)
+    context = ids.shape[1] - 1
     cache = new_cache(model)
     model(ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
 

@@ -18,11 +18,10 @@ from contextlib import contextmanager
 
 import torch
 
-from .drafters import DrafterBase, Proposal, check_min_confidence, draft_autoregressive, model_draft_step
+from .drafters import DraftModelDrafter, Proposal, check_min_confidence, draft_autoregressive
 from .inputs import context_length, eos_ids
 from .kv_cache import new_cache, rollback
 from .modules import like
-from .roofline import streamed_weight_bytes
 from .sampling import Sampler
 from .tokenizer_compat import check_tokenizer
 
@@ -100,7 +99,7 @@ def continue_ids(tokenizer, ids: list[int], text: str, window: int,
     return start, reencoded  # no clean boundary: re-tokenise the whole window
 
 
-class CrossTokenizerDrafter(DrafterBase):
+class CrossTokenizerDrafter(DraftModelDrafter):
     """Drafts with a model that has its own tokenizer (UAG), proposing target-vocabulary ids.
 
     The draft model drafts greedily in its own vocabulary; the proposal in target ids is
@@ -127,6 +126,7 @@ class CrossTokenizerDrafter(DrafterBase):
         self.look_behind = look_behind
         self.greedy = Sampler()
         self.draft_eos = set(eos_ids(model, None).tolist())
+        self.cache = new_cache(model)
 
     def start(self, prompt: torch.LongTensor, max_new_tokens: int) -> None:
         text = self.target_tokenizer.decode(prompt.tolist(), skip_special_tokens=True)
@@ -191,22 +191,6 @@ class CrossTokenizerDrafter(DrafterBase):
     def for_target(self, target: torch.nn.Module) -> CrossTokenizerDrafter:
         return CrossTokenizerDrafter(like(self.model, target), self.draft_tokenizer, self.target_tokenizer,
                                      self.look_behind, self.min_confidence)
-
-    @property
-    def weight_bytes(self) -> float:
-        return streamed_weight_bytes(self.model)
-
-    @property
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
-
-    @property
-    def cache_length(self) -> int | None:
-        cache = getattr(self, "cache", None)  # made by start()
-        return None if cache is None else cache.get_seq_length()
-
-    def draft_step(self, target: torch.nn.Module, tokens: torch.LongTensor):
-        return model_draft_step(self.model, tokens)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
