@@ -128,6 +128,8 @@ class _AdaptedDrafter(DrafterBase):
 
     def __init__(self, drafter: Drafter) -> None:
         self.drafter = drafter
+        # A learner's feature drafter says so with the class attribute, and takes features in update.
+        self.reads_target_features = bool(getattr(drafter, "reads_target_features", False))
 
     @property
     def name(self) -> str:
@@ -140,7 +142,10 @@ class _AdaptedDrafter(DrafterBase):
         return self.drafter.propose(tokens, max_tokens, sampler)
 
     def update(self, tokens: torch.LongTensor, num_accepted: int, features: torch.Tensor | None = None) -> None:
-        self.drafter.update(tokens, num_accepted)
+        if self.reads_target_features:
+            self.drafter.update(tokens, num_accepted, features)
+        else:
+            self.drafter.update(tokens, num_accepted)
 
 
 def as_drafter_base(drafter: Drafter) -> DrafterBase:

@@ -87,3 +87,25 @@ def test_pairing_mistakes_are_one_sentence_each():
     drafter = EagleDrafter(init_head(EagleConfig.for_target(wide.config)), wide)
     with pytest.raises(ValueError, match="reads features of size 64 and the target's are 512"):
         speculative_generate(target, drafter, prompt(6, 100), max_new_tokens=4)
+
+
+class PlainFeatureReader(Plain):
+    """A learner's feature drafter (exercise 9's shape): says so with the class attribute."""
+
+    reads_target_features = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features_seen = 0
+
+    def update(self, tokens, num_accepted, features=None):
+        self.features_seen += 0 if features is None else features.shape[0]
+
+
+def test_a_plain_feature_reader_gets_the_features():
+    target = build("llama", 64, 1, seed=0)
+    reader = PlainFeatureReader()
+    ids = prompt(8, 64)
+    out = speculative_generate(target, reader, ids, max_new_tokens=10, num_draft_tokens=2, eos_token_id=[])
+    # one feature per position the target's cache kept: the prompt's but the last, then each iteration's
+    assert reader.features_seen == out.sequences.shape[1] - 1
