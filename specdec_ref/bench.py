@@ -13,6 +13,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 from tqdm.auto import tqdm
@@ -35,20 +36,23 @@ from .tokenizer_compat import compare_tokenizers
 @dataclass
 class Pair:
     """A target and what drafts for it: a draft model (with its tokenizer when it may differ from
-    the target's) or any drafter (prompt lookup, an EAGLE head; ``draft_tokenizer`` None).
-    ``drafter`` is the drafter the loop runs, checked against the target."""
+    the target's) or any drafter (prompt lookup, an EAGLE head; ``draft_tokenizer`` None)."""
 
     target: torch.nn.Module
     draft: torch.nn.Module | DrafterBase
     target_tokenizer: object
     draft_tokenizer: object | None
     cross_tokenizer: bool = field(init=False)
-    drafter: DrafterBase = field(init=False)
 
     def __post_init__(self) -> None:
         self.cross_tokenizer = self.draft_tokenizer is not None and not compare_tokenizers(
             self.target_tokenizer, self.draft_tokenizer).native_ok
-        self.drafter = as_drafter(self.draft, self.target, **self.tokenizer_kwargs)
+
+    @cached_property
+    def drafter(self) -> DrafterBase:
+        """The drafter the loop runs, checked against the target; built on first use (a pair made
+        only to compare with transformers never needs one)."""
+        return as_drafter(self.draft, self.target, **self.tokenizer_kwargs)
 
     @property
     def prompt_lookup(self) -> bool:
