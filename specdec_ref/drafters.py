@@ -81,8 +81,9 @@ class DrafterBase:
         """Begin a new generation for ``prompt`` (reset caches and state)."""
 
     def propose(self, tokens: torch.LongTensor, max_tokens: int, sampler: Sampler) -> Proposal:
-        """Propose at most ``max_tokens`` tokens continuing ``tokens`` (1-D, prompt included)."""
-        raise NotImplementedError
+        """Propose at most ``max_tokens`` tokens continuing ``tokens`` (1-D, prompt included).
+        The one method every drafter writes itself: the base class has no way to draft."""
+        raise NotImplementedError(f"{self.name} does not implement propose(), which every drafter must")
 
     def update(self, tokens: torch.LongTensor, num_accepted: int, features: torch.Tensor | None = None) -> None:
         """The target kept ``num_accepted`` proposed tokens; ``tokens`` is the sequence now.
