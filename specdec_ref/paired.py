@@ -10,7 +10,8 @@ than a same-work (A/A) check's, two runs of the same work timed against each oth
 :func:`in_run_costs` reads the draft cost ratio c and the verification cost v off the timings
 that generation runs recorded, for comparison with the isolated passes of
 :func:`specdec_ref.costs.measure_costs`. :func:`check_speed` is the check every printed verdict
-on a speedup passes first: enough pairs, and nothing the cost model says cannot happen.
+on a speedup passes first: enough pairs, and nothing the cost model says cannot happen;
+:func:`time_speedup` times plain against speculative decoding until that check can read the result.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .stats import GenerationStats
-from .timing import quartiles
+from .timing import quartiles, time_paired
 
 
 def time_rotated(fns: Mapping[str, Callable[[], Any]], warmup: int = 1, repeats: int = 3,
@@ -198,6 +199,27 @@ def measured_until_readable(measure: Callable[[int], SpeedCheck], pairs: int = M
         pairs *= 2
         check = measure(pairs)
     return check
+
+
+def time_speedup(run_baseline: Callable[[], Any], run_speculative: Callable[[], Any],
+                 tokens_per_pass: float | Callable[[], float] | None = None, draft_passes_per_iteration: float = 0.0,
+                 min_draft_cost: float = 0.0, verify_cost: float | None = None, pairs: int = MIN_PAIRS,
+                 max_pairs: int = 4 * MIN_PAIRS) -> tuple[SpeedCheck, dict]:
+    """Plain against speculative decoding in alternating pairs (:func:`specdec_ref.timing.time_paired`,
+    one warm-up pair), checked by :func:`check_speed` and measured again with twice the pairs while
+    the check finds a problem (:func:`measured_until_readable`). ``tokens_per_pass`` is the runs' tau,
+    or a function that reads it after each measurement (from the outputs the last runs stored).
+    Returns the last check and the :func:`~specdec_ref.timing.time_paired` result it was read from
+    (``ratios`` are baseline seconds / speculative seconds: above 1, speculation was faster)."""
+    timings: list[dict] = []
+
+    def measure(count: int) -> SpeedCheck:
+        timings.append(time_paired(run_baseline, run_speculative, warmup=0 if timings else 1, repeats=count))
+        tau = tokens_per_pass() if callable(tokens_per_pass) else tokens_per_pass
+        return check_speed(timings[-1]["ratios"], tau, draft_passes_per_iteration, min_draft_cost, verify_cost)
+
+    check = measured_until_readable(measure, pairs, max_pairs)
+    return check, timings[-1]
 
 
 def side_of(spread: tuple[float, float], band: tuple[float, float]) -> str:

@@ -122,3 +122,30 @@ def test_check_speed_reads_only_what_the_cost_model_allows():
     assert measured_until_readable(lambda pairs: asked.append(pairs) or check_speed([3.0] * pairs, tokens_per_pass=2.0),
                                    max_pairs=20).verdict == "not read"
     assert asked == [5, 10, 20]
+
+
+def test_time_speedup_measures_again_while_the_check_cannot_read_the_timing():
+    import time
+
+    from specdec_ref.paired import time_speedup
+
+    calls = {"baseline": 0, "speculative": 0}
+
+    def work(name, seconds):
+        def run():
+            calls[name] += 1
+            time.sleep(seconds)
+        return run
+
+    # speculation twice as fast: readable at tau 3 (ceiling 3x) from the first five pairs after one warm-up
+    check, timing = time_speedup(work("baseline", 0.004), work("speculative", 0.002), tokens_per_pass=3.0)
+    assert check.verdict == "faster" and check.pairs == 5 and len(timing["ratios"]) == 5
+    assert calls == {"baseline": 6, "speculative": 6}
+    # the same timings read against tau 1.2 (at most 1.2x): impossible, so measured with 10, then 20 pairs
+    calls.update(baseline=0, speculative=0)
+    taus = []
+    check, timing = time_speedup(work("baseline", 0.004), work("speculative", 0.002),
+                                 tokens_per_pass=lambda: taus.append(1.2) or 1.2)
+    assert check.verdict == "not read" and check.pairs == 20 and len(taus) == 3
+    assert calls == {"baseline": 36, "speculative": 36}
+    assert "above the 1.20x" in check.phrase("plain decoding")
