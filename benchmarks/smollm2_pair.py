@@ -26,18 +26,19 @@ from specdec_ref.stats import loop_period
 from specdec_ref.zoo.prompts import KINDS, heldout_prompts, interleave
 
 
-def by_kind(summary: dict, kinds: tuple[str, ...], tokenizer) -> dict:
-    """Acceptance, speedups and loops of each prompt kind, from the per-prompt records."""
+def by_kind(summary: bench.BenchResult, kinds: tuple[str, ...], tokenizer) -> dict:
+    """Acceptance, speedups and loops of each prompt kind, from the per-prompt figures."""
+    base = summary.baseline
     out = {}
     for kind in KINDS:
         rows = [i for i, name in enumerate(kinds) if name == kind]
-        texts = [tokenizer.decode(summary["baseline"]["per_prompt"][i]["new_token_ids"]) for i in rows]
+        texts = [tokenizer.decode(base.new_token_ids[i]) for i in rows]
         entry = {"prompts": len(rows), "looping": sum(loop_period(t, tail=80) is not None for t in texts)}
-        for config in summary["configs"]:
-            per = [config["per_prompt"][i] for i in rows]
-            entry[f"k={config['k']}"] = {
-                "acceptance_rate": sum(r["accepted"] for r in per) / max(1, sum(r["drafted"] for r in per)),
-                "speedup": statistics.median(r["baseline_seconds"] / r["speculative_seconds"] for r in per),
+        for config in summary.configs:
+            drafts, seconds = config.drafts, config.speculative.seconds
+            entry[f"k={config.k}"] = {
+                "acceptance_rate": sum(drafts.accepted[i] for i in rows) / max(1, sum(drafts.drafted[i] for i in rows)),
+                "speedup": statistics.median(base.seconds[i] / seconds[i] for i in rows),
             }
         out[kind] = entry
     return out
@@ -56,36 +57,37 @@ def main() -> None:
     kinds, texts = zip(*interleave(heldout_prompts(pair.target_tokenizer, per_kind=args.per_kind)))
     ks = [int(k) for k in args.k.split(",")]
     summary = bench.run(pair, list(texts), ks, args.max_new_tokens, hf_assisted=not args.no_hf)
-    summary["dram_bandwidth"] = bench.dram_bandwidth()
-    summary["by_kind"] = by_kind(summary, kinds, pair.target_tokenizer)
+    dram = bench.dram_bandwidth()
+    kind_figures = by_kind(summary, kinds, pair.target_tokenizer)
 
-    base = summary["baseline"]
+    base = summary.baseline
     n_target = sum(p.numel() for p in pair.target.parameters())
     n_draft = sum(p.numel() for p in pair.draft.parameters())
     print(f"target zoo:smollm2 {n_target / 1e6:.1f}M, draft zoo:smollm2-draft {n_draft / 1e6:.1f}M "
           f"(1/{n_target / n_draft:.1f}); {len(texts)} prompts, {args.max_new_tokens} new tokens, greedy, "
           f"{torch.get_num_threads()} threads")
-    print(f"baseline {base['tokens_per_second']:.1f} tokens/s = {1e3 / base['tokens_per_second']:.1f} ms/token; "
-          f"bandwidth achieved {base['bandwidth_achieved'] / 1e9:.2f} GB/s = "
-          f"{base['bandwidth_achieved'] / summary['dram_bandwidth']:.0%} of {summary['dram_bandwidth'] / 1e9:.1f} GB/s "
-          f"(DRAM triad here; bound {summary['target_weight_bytes'] / summary['dram_bandwidth'] * 1e3:.1f} ms/token)")
-    costs = summary["cost_model"]
-    print(f"c = {costs['cost_ratio']:.3f}; v(k) = " + ", ".join(f"{k}: {v:.2f}" for k, v in costs["verify_costs"].items()))
-    for config in summary["configs"]:
-        hf = (f"; transformers {config['hf_assisted_speedup']:.2f}x, ours/transformers "
-              f"{statistics.median(r['hf_assisted_seconds'] / r['speculative_seconds'] for r in config['per_prompt']):.2f}x"
-              if "hf_assisted_speedup" in config else "")
-        print(f"k={config['k']}: speedup {config['speculative_speedup']:.2f}x (predicted {config['predicted_speedup']:.2f}x "
-              f"from a = {config['acceptance_probability']:.3f}){hf}; acceptance {config['acceptance_rate']:.3f}, "
-              f"tau {config['tokens_per_target_pass']:.2f}; identical {config['speculative_identical_outputs']}")
-    for kind, entry in summary["by_kind"].items():
+    print(f"baseline {base.tokens_per_second:.1f} tokens/s = {1e3 / base.tokens_per_second:.1f} ms/token; "
+          f"bandwidth achieved {base.bandwidth_achieved / 1e9:.2f} GB/s = "
+          f"{base.bandwidth_achieved / dram:.0%} of {dram / 1e9:.1f} GB/s "
+          f"(DRAM triad here; bound {summary.target_weight_bytes / dram * 1e3:.1f} ms/token)")
+    costs = summary.cost_model
+    print(f"c = {costs.cost_ratio:.3f}; v(k) = " + ", ".join(f"{k}: {v:.2f}" for k, v in costs.verify_costs.items()))
+    for config in summary.configs:
+        spec, assisted = config.speculative, config.methods.get("hf_assisted")
+        hf = (f"; transformers {assisted.speedup:.2f}x, ours/transformers "
+              f"{statistics.median(h / s for h, s in zip(assisted.seconds, spec.seconds)):.2f}x" if assisted else "")
+        print(f"k={config.k}: speedup {spec.speedup:.2f}x (predicted {config.predicted_speedup:.2f}x "
+              f"from a = {config.drafts.acceptance_probability:.3f}){hf}; acceptance {config.drafts.acceptance_rate:.3f}, "
+              f"tau {config.drafts.tokens_per_target_pass:.2f}; identical {spec.identical_outputs}")
+    for kind, entry in kind_figures.items():
         print(f"  {kind:5s} ({entry['prompts']} prompts, {entry['looping']} loop): " + "; ".join(
             f"{k} acceptance {v['acceptance_rate']:.3f} speedup {v['speedup']:.2f}x"
             for k, v in entry.items() if k.startswith("k=")))
-    print(f"best k = {summary['best_k']}")
+    print(f"best k = {summary.best.k}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(summary, indent=2))
+        written = summary.to_json() | {"dram_bandwidth": dram, "by_kind": kind_figures}
+        Path(args.json).write_text(json.dumps(written, indent=2))
         print(f"JSON written to {args.json}")
 
 

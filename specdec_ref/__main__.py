@@ -6,8 +6,13 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:  # bench loads models' kernels: the CLI imports it when a command runs
+    from .bench import FastBenchResult
+    from .paired import SpeedCheck
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # demo --pair: (target, draft, what the prompts are)
@@ -158,43 +163,44 @@ def measure_this_machine() -> dict[str, float]:
             "cache": roofline.measure_memory_bandwidth(llc // 8, repeats=5)["triad"]}
 
 
-def fast_report(summary: dict) -> list[str]:
-    """The lines that show a ``bench.run_fast`` summary: eager and fast side by side."""
-    n = summary["prompts"]
-    bound, fast_bound = summary["seconds_per_token_bound"], summary["fast_seconds_per_token_bound"]
-    warmup, compiled = summary["warmup_seconds"], summary["compiled"]
-    lines = [f"fast path: {summary['fast_path']}; warm-up {warmup['eager']:.1f} s eager, {warmup['fast']:.1f} s fast"
-             + (" (compilation included)" if compiled else ""),
-             f"threads {summary['threads']}; DRAM triad {summary['dram_bandwidth'] / 1e9:.1f} GB/s measured here: "
-             f"{summary['target_weight_bytes'] / 1e6:.0f} MB of target weights per step -> bound "
+def fast_report(summary: FastBenchResult) -> list[str]:
+    """The lines that show a ``bench.run_fast`` result: eager and fast side by side."""
+    n = summary.prompts
+    bound, fast_bound = summary.seconds_per_token_bound, summary.fast_seconds_per_token_bound
+    warmup = summary.warmup_seconds
+    lines = [f"fast path: {summary.fast_path}; warm-up {warmup['eager']:.1f} s eager, {warmup['fast']:.1f} s fast"
+             + (" (compilation included)" if summary.compiled else ""),
+             f"threads {summary.threads}; DRAM triad {summary.dram_bandwidth / 1e9:.1f} GB/s measured here: "
+             f"{summary.target_weight_bytes / 1e6:.0f} MB of target weights per step -> bound "
              f"{bound * 1e3:.2f} ms/token ({1 / bound:.0f} tokens/s)"]
     if fast_bound != bound:
-        lines.append(f"the fast path reads {summary['fast_target_weight_bytes'] / 1e6:.0f} MB of them per step "
+        lines.append(f"the fast path reads {summary.fast_target_weight_bytes / 1e6:.0f} MB of them per step "
                      f"-> bound {fast_bound * 1e3:.2f} ms/token ({1 / fast_bound:.0f} tokens/s)")
     lines += [f"{'':17s}{'eager tok/s':>12s}{'fast tok/s':>12s}{'fast/eager':>11s}   weights streamed eager -> fast"
               f"{'':14s}identical to eager greedy"]
-    rows = [("baseline", summary["baseline"])] + [(f"speculative k={c['k']}", c) for c in summary["configs"]]
+    rows = [("baseline", summary.baseline)] + [(f"speculative k={c.k}", c) for c in summary.configs]
     for label, row in rows:
-        eager, quick = row["eager"], row["fast"]
-        lines.append(f"{label:17s}{eager['tokens_per_second']:12.1f}{quick['tokens_per_second']:12.1f}"
-                     f"{quick['speedup_over_eager']:10.2f}x   "
-                     f"{eager['bandwidth_achieved'] / 1e9:5.1f} -> {quick['bandwidth_achieved'] / 1e9:5.1f} GB/s "
-                     f"({eager['bandwidth_share']:4.0%} -> {quick['bandwidth_share']:4.0%} of DRAM)   "
-                     f"eager {eager['identical_prompts']}/{n}, fast {quick['identical_prompts']}/{n}")
-    best = next(c for c in summary["configs"] if c["k"] == summary["best_k"])
-    lines.append(f"best k for the fast path = {best['k']}: speculative {best['fast']['speedup_over_own_baseline']:.2f}x "
-                 f"the fast baseline (eager: {best['eager']['speedup_over_own_baseline']:.2f}x the eager baseline)")
-    if summary["fast_path"].startswith("prepacked"):
-        gain = summary["baseline"]["fast"]["speedup_over_eager"]
+        eager, quick = row.eager, row.fast
+        lines.append(f"{label:17s}{eager.tokens_per_second:12.1f}{quick.tokens_per_second:12.1f}"
+                     f"{quick.speedup_over_eager:10.2f}x   "
+                     f"{eager.bandwidth_achieved / 1e9:5.1f} -> {quick.bandwidth_achieved / 1e9:5.1f} GB/s "
+                     f"({eager.bandwidth_share:4.0%} -> {quick.bandwidth_share:4.0%} of DRAM)   "
+                     f"eager {eager.identical_prompts}/{n}, fast {quick.identical_prompts}/{n}")
+    best = summary.best
+    lines.append(f"best k for the fast path = {best.k}: speculative {best.fast.speedup_over_own_baseline:.2f}x "
+                 f"the fast baseline (eager: {best.eager.speedup_over_own_baseline:.2f}x the eager baseline)")
+    if summary.fast_path.startswith("prepacked"):
+        gain = summary.baseline.fast.speedup_over_eager
         lines.append(f"prepacking {'pays' if gain > 1 else 'does not pay'} on this machine ({gain:.2f}x at baseline); "
                      "fast.prepare(model, only_if_faster=True) times a decode step and keeps the eager model where "
                      "packing loses")
     return lines
 
 
-def _all_identical(summary: dict) -> bool:
-    rows = [summary["baseline"]] + summary["configs"]
-    return all(row[v]["identical_prompts"] == summary["prompts"] for row in rows for v in ("eager", "fast"))
+def _all_identical(summary: FastBenchResult) -> bool:
+    """Whether every output, eager and fast, equals the eager baseline's."""
+    rows = [summary.baseline, *summary.configs]
+    return all(version.identical_prompts == summary.prompts for row in rows for version in (row.eager, row.fast))
 
 
 def showcase(k: int, max_new_tokens: int, rounds: int = 2) -> None:
@@ -248,11 +254,11 @@ def showcase(k: int, max_new_tokens: int, rounds: int = 2) -> None:
         sys.exit("error: speculative output differs from the target's greedy decoding")
 
 
-def _reading(check: dict) -> str:
+def _reading(check: SpeedCheck) -> str:
     """What a bench speedup check says: its verdict, or why the timing cannot be read."""
-    if check["problems"]:
-        return "not read: " + "; ".join(check["problems"])
-    return f"{check['verdict']} over {check['pairs']} prompts"
+    if check.problems:
+        return "not read: " + "; ".join(check.problems)
+    return f"{check.verdict} over {check.pairs} prompts"
 
 
 def demo(args: argparse.Namespace) -> None:
@@ -288,38 +294,37 @@ def demo(args: argparse.Namespace) -> None:
     print(f"\n--- benchmark: {len(prompts)} held-out prompts, {args.max_new_tokens} new tokens each ---")
     summary = bench.run(pair, prompts, [args.k], args.max_new_tokens, hf_assisted=not args.no_hf,
                         min_draft_confidence=args.min_confidence)
-    result = summary["configs"][0]
-    base = summary["baseline"]["tokens_per_second"]
-    print(f"baseline (target alone)      {base:7.1f} tokens/s")
-    print(f"speculative (specdec_ref)    {result['speculative_tokens_per_second']:7.1f} tokens/s  "
-          f"speedup {result['speculative_speedup']:.2f}x")
+    result = summary.configs[0]
+    spec, drafts = result.speculative, result.drafts
+    print(f"baseline (target alone)      {summary.baseline.tokens_per_second:7.1f} tokens/s")
+    print(f"speculative (specdec_ref)    {spec.tokens_per_second:7.1f} tokens/s  speedup {spec.speedup:.2f}x")
     if args.min_confidence is not None:
-        dynamic = result["dynamic"]
-        print(f"  dynamic k <= {args.k}           {result['speculative_dynamic_tokens_per_second']:7.1f} tokens/s  "
-              f"speedup {result['speculative_dynamic_speedup']:.2f}x  (the draft stops below confidence "
-              f"{args.min_confidence}: {dynamic['drafted_per_iteration']:.2f} drafts per iteration, "
-              f"acceptance rate {dynamic['acceptance_rate']:.3f})")
+        dynamic = result.methods["speculative_dynamic"]
+        print(f"  dynamic k <= {args.k}           {dynamic.tokens_per_second:7.1f} tokens/s  "
+              f"speedup {dynamic.speedup:.2f}x  (the draft stops below confidence "
+              f"{args.min_confidence}: {result.dynamic_drafts.drafted_per_iteration:.2f} drafts per iteration, "
+              f"acceptance rate {result.dynamic_drafts.acceptance_rate:.3f})")
     if not args.no_hf:
-        print(f"transformers assisted        {result['hf_assisted_tokens_per_second']:7.1f} tokens/s  "
-              f"speedup {result['hf_assisted_speedup']:.2f}x")
-    costs = summary["cost_model"]
+        assisted = result.methods["hf_assisted"]
+        print(f"transformers assisted        {assisted.tokens_per_second:7.1f} tokens/s  "
+              f"speedup {assisted.speedup:.2f}x")
+    costs = summary.cost_model
     print(LEGEND)
-    print(f"acceptance rate {result['acceptance_rate']:.3f} (accepted / drafted), acceptance probability "
-          f"a = {result['acceptance_probability']:.3f} (accepted / judged), tokens per target pass "
-          f"{result['tokens_per_target_pass']:.2f}")
-    print(f"predicted speedup {result['predicted_speedup']:.2f}x from a={result['acceptance_probability']:.2f}, "
-          f"c={costs['cost_ratio']:.3f}, verify cost v({args.k})={costs['verify_costs'][args.k]:.2f}; "
-          f"{result['predicted_speedup_from_tau']:.2f}x from the measured tokens per pass; "
-          f"measured {result['speculative_speedup']:.2f}x")
-    print(f"reading of the measured speedup: {_reading(result['speculative_check'])}")
-    identical = all(result.get(f"{name}_identical_outputs", True)
-                    for name in ("speculative", "speculative_dynamic", "hf_assisted"))
+    print(f"acceptance rate {drafts.acceptance_rate:.3f} (accepted / drafted), acceptance probability "
+          f"a = {drafts.acceptance_probability:.3f} (accepted / judged), tokens per target pass "
+          f"{drafts.tokens_per_target_pass:.2f}")
+    print(f"predicted speedup {result.predicted_speedup:.2f}x from a={drafts.acceptance_probability:.2f}, "
+          f"c={costs.cost_ratio:.3f}, verify cost v({args.k})={costs.verify_costs[args.k]:.2f}; "
+          f"{result.predicted_speedup_from_tau:.2f}x from the measured tokens per pass; "
+          f"measured {spec.speedup:.2f}x")
+    print(f"reading of the measured speedup: {_reading(result.speed_check)}")
+    identical = all(method.identical_outputs for method in result.methods.values())  # greedy: never None
     print(f"outputs identical to the target's greedy decoding: {'yes' if identical else 'NO'}")
 
     machine = measure_this_machine()  # once: the roofline and the fast path's shares use the same figure
-    _print_roofline(summary["target_weight_bytes"], machine)
-    print(f"  bandwidth achieved: baseline {summary['baseline']['bandwidth_achieved'] / 1e9:.1f} GB/s, "
-          f"speculative {result['bandwidth_achieved'] / 1e9:.1f} GB/s of weights read")
+    _print_roofline(summary.target_weight_bytes, machine)
+    print(f"  bandwidth achieved: baseline {summary.baseline.bandwidth_achieved / 1e9:.1f} GB/s, "
+          f"speculative {result.bandwidth_achieved / 1e9:.1f} GB/s of weights read")
     Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
     bench.plot(summary, args.plot)
     print(f"\nfigure written to {args.plot}")
@@ -384,41 +389,40 @@ def run_bench(args: argparse.Namespace) -> None:
                             temperature=(args.temperature or 1.0) if args.do_sample else None, seed=args.seed)
     except ValueError as error:  # e.g. --min-confidence with prompt lookup
         raise CommandError(str(error)) from None
-    summary |= {"target": args.target, "draft": args.draft, "device": args.device, "dtype": args.dtype,
-                "repeat_prompts": args.repeat_prompts, "prompts_file": args.prompts_file,
-                "weights_first": args.weights_first}
     if args.do_sample:
-        print(f"sampling at temperature {summary['temperature']}: outputs are not compared token by token. "
+        print(f"sampling at temperature {summary.temperature}: outputs are not compared token by token. "
               "Speculative sampling is exact in distribution (each token is drawn from the target's "
               "distribution), not sample by sample, so its samples differ from the baseline's; lesson 4 "
               "tests the distribution.")
     print(LEGEND)
-    for c in summary["configs"]:
-        hf = f"  hf {c['hf_assisted_speedup']:.2f}x" if "hf_assisted_speedup" in c else ""
-        print(f"k={c['k']:2d}  speedup {c['speculative_speedup']:.2f}x (predicted {c['predicted_speedup']:.2f}x, "
-              f"{c['predicted_speedup_from_tau']:.2f}x from tau; {_reading(c['speculative_check'])})"
-              f"{hf}  acceptance {c['acceptance_rate']:.3f} (a {c['acceptance_probability']:.3f})  "
-              f"tau {c['tokens_per_target_pass']:.2f}"
-              + ("" if args.do_sample else f"  identical {c['speculative_identical_outputs']}"))
-        if "dynamic" in c:
-            d = c["dynamic"]
-            print(f"      dynamic (min confidence {d['min_draft_confidence']}): speedup "
-                  f"{c['speculative_dynamic_speedup']:.2f}x  acceptance {d['acceptance_rate']:.3f} "
-                  f"(a {d['acceptance_probability']:.3f})  tau {d['tokens_per_target_pass']:.2f}  "
-                  f"drafts/iteration {d['drafted_per_iteration']:.2f}  "
-                  f"identical {c['speculative_dynamic_identical_outputs']}")
-    base = summary["baseline"]
-    if args.device == "cpu":
-        summary["dram_bandwidth"] = bench.dram_bandwidth()
-    latency = 1e3 / base["tokens_per_second"]
-    bound = (f" = {base['bandwidth_achieved'] / summary['dram_bandwidth']:.0%} of the {summary['dram_bandwidth'] / 1e9:.1f} "
-             f"GB/s DRAM triad measured here (bound {summary['target_weight_bytes'] / summary['dram_bandwidth'] * 1e3:.2f} "
-             f"ms/token)" if "dram_bandwidth" in summary else "")
-    print(f"baseline {base['tokens_per_second']:.1f} tokens/s ({latency:.1f} ms/token), bandwidth achieved "
-          f"{base['bandwidth_achieved'] / 1e9:.2f} GB/s of {summary['target_weight_bytes'] / 1e6:.0f} MB target "
-          f"weights{bound}; best k = {summary['best_k']}")
+    for c in summary.configs:
+        spec, drafts = c.speculative, c.drafts
+        hf = f"  hf {c.methods['hf_assisted'].speedup:.2f}x" if "hf_assisted" in c.methods else ""
+        print(f"k={c.k:2d}  speedup {spec.speedup:.2f}x (predicted {c.predicted_speedup:.2f}x, "
+              f"{c.predicted_speedup_from_tau:.2f}x from tau; {_reading(c.speed_check)})"
+              f"{hf}  acceptance {drafts.acceptance_rate:.3f} (a {drafts.acceptance_probability:.3f})  "
+              f"tau {drafts.tokens_per_target_pass:.2f}"
+              + ("" if args.do_sample else f"  identical {spec.identical_outputs}"))
+        if c.dynamic_drafts is not None:
+            d = c.dynamic_drafts
+            print(f"      dynamic (min confidence {summary.min_draft_confidence}): speedup "
+                  f"{c.methods['speculative_dynamic'].speedup:.2f}x  acceptance {d.acceptance_rate:.3f} "
+                  f"(a {d.acceptance_probability:.3f})  tau {d.tokens_per_target_pass:.2f}  "
+                  f"drafts/iteration {d.drafted_per_iteration:.2f}  "
+                  f"identical {c.methods['speculative_dynamic'].identical_outputs}")
+    base = summary.baseline
+    dram = bench.dram_bandwidth() if args.device == "cpu" else None
+    latency = 1e3 / base.tokens_per_second
+    bound = (f" = {base.bandwidth_achieved / dram:.0%} of the {dram / 1e9:.1f} GB/s DRAM triad measured here "
+             f"(bound {summary.target_weight_bytes / dram * 1e3:.2f} ms/token)" if dram else "")
+    print(f"baseline {base.tokens_per_second:.1f} tokens/s ({latency:.1f} ms/token), bandwidth achieved "
+          f"{base.bandwidth_achieved / 1e9:.2f} GB/s of {summary.target_weight_bytes / 1e6:.0f} MB target "
+          f"weights{bound}; best k = {summary.best.k}")
     if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2))
+        settings = {"target": args.target, "draft": args.draft, "device": args.device, "dtype": args.dtype,
+                    "repeat_prompts": args.repeat_prompts, "prompts_file": args.prompts_file,
+                    "weights_first": args.weights_first, "dram_bandwidth": dram}
+        Path(args.json).write_text(json.dumps(summary.to_json() | settings, indent=2))
         print(f"JSON written to {args.json}")
     if args.plot:
         bench.plot(summary, args.plot)
@@ -435,11 +439,11 @@ def run_fast_bench(args: argparse.Namespace, pair, prompts: list[str], ks: list[
         summary = bench.run_fast(pair, prompts, ks, args.max_new_tokens, compile=args.compile)
     except ValueError as error:  # the fast path does not apply (device, dtype, torch, compiler)
         raise CommandError(str(error)) from None
-    summary |= {"target": args.target, "draft": args.draft, "device": args.device, "dtype": args.dtype,
-                "repeat_prompts": args.repeat_prompts, "weights_first": args.weights_first}
     print("\n".join(fast_report(summary)))
     if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2))
+        settings = {"target": args.target, "draft": args.draft, "device": args.device, "dtype": args.dtype,
+                    "repeat_prompts": args.repeat_prompts, "weights_first": args.weights_first}
+        Path(args.json).write_text(json.dumps(summary.to_json() | settings, indent=2))
         print(f"JSON written to {args.json}")
 
 

@@ -4,7 +4,7 @@ All methods run on the same pair, prompts and k, in one process, interleaved pro
 prompt (so drift in machine load hits every method alike), after a warm-up. Speedups
 are medians of per-prompt ratios to the baseline; outputs are compared, not assumed equal.
 The cost model's prediction is given twice: with c and v(k) from isolated passes timed after the
-runs (:func:`cost_model`), and with c and v as the runs themselves paid them
+runs (:func:`specdec_ref.costs.measure_costs`), and with c and v as the runs themselves paid them
 (:func:`specdec_ref.paired.in_run_costs`), which a machine whose speed drifts cannot pull apart.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 
 import torch
@@ -21,11 +21,11 @@ from tqdm.auto import tqdm
 from . import roofline
 from .kernels import fast
 from .baseline import autoregressive_generate
-from .costs import measure_costs
+from .costs import Costs, measure_costs
 from .drafters import DrafterBase
 from .eagle import EagleDrafter
 from .ngram import PromptLookupDrafter
-from .paired import check_speed, in_run_costs, time_rotated
+from .paired import SpeedCheck, check_speed, in_run_costs, time_rotated
 from .inputs import clock
 from .speculative import as_drafter, speculative_generate
 from .stats import GenerationStats
@@ -120,30 +120,115 @@ def hf_assisted_generate(pair: Pair, input_ids: torch.LongTensor, k: int, max_ne
          config.assistant_confidence_threshold) = saved
 
 
-def cost_model(pair: Pair, context: int, ks: Sequence[int]) -> dict:
-    """Measured draft cost ratio c and verify costs v(k) (k + 1 tokens, in one-token target
-    passes) as paired ratios (:func:`specdec_ref.costs.measure_costs`); c = 0 for a drafter that runs no model."""
-    costs = measure_costs(pair.target, pair.drafter, context, ks)
-    return {
-        "target_forward_seconds": costs.target_forward_seconds,
-        "cost_ratio": costs.cost_ratio,
-        "cost_ratio_spread": list(costs.cost_ratio_spread),
-        "verify_costs": costs.verify_costs,
-        "verify_spread": {k: list(v) for k, v in costs.verify_spread.items()},
-    }
+@dataclass
+class BaselineResult:
+    """The target alone on every prompt."""
+
+    tokens_per_second: float  # median over prompts
+    tokens_per_second_spread: tuple[float, float]  # interquartile range
+    bandwidth_achieved: float  # bytes/s of target weights read, median over prompts
+    seconds: list[float]  # per prompt, in the order given
+    new_token_ids: list[list[int]]  # per prompt: what the target generated
+
+
+@dataclass
+class MethodResult:
+    """One method at one k on every prompt, against the baseline prompt by prompt."""
+
+    tokens_per_second: float  # median over prompts
+    tokens_per_second_spread: tuple[float, float]  # interquartile range
+    speedup: float  # median of per-prompt ratios: baseline seconds / this method's seconds
+    identical_outputs: bool | None  # every output equal to the baseline's; None when sampling
+    seconds: list[float]  # per prompt, in the order given
+
+
+@dataclass
+class DraftFigures:
+    """What a speculative method's drafts did: over every prompt (its stats combined), and per prompt."""
+
+    acceptance_rate: float  # accepted / drafted
+    acceptance_probability: float  # the i.i.d. model's a: accepted / judged
+    tokens_per_target_pass: float  # tau
+    drafted_per_iteration: float
+    draft_forward_calls_per_iteration: float  # k for a draft model; k + 1 on the UAG path
+    accepted_histogram: list[int]  # [j]: iterations that accepted exactly j drafts
+    drafted: list[int]  # per prompt, in the order given: for grouping prompts afterwards (e.g. by kind)
+    accepted: list[int]  # per prompt
+
+    @classmethod
+    def of(cls, stats: Sequence[GenerationStats]) -> DraftFigures:
+        """From the method's stats, one per prompt in the order given."""
+        total = GenerationStats.combined(stats)
+        return cls(acceptance_rate=total.acceptance_rate, acceptance_probability=total.acceptance_probability,
+                   tokens_per_target_pass=total.tokens_per_target_pass,
+                   drafted_per_iteration=total.drafted_per_iteration,
+                   draft_forward_calls_per_iteration=total.draft_forward_calls_per_iteration,
+                   accepted_histogram=total.accepted_histogram,
+                   drafted=[s.drafted_tokens for s in stats], accepted=[s.accepted_tokens for s in stats])
+
+
+@dataclass
+class KResult:
+    """Every method at one draft length k, and what the speculative loop's drafts and costs say of its speedup."""
+
+    k: int
+    methods: dict[str, MethodResult]  # "speculative"; "speculative_dynamic" and "hf_assisted" when run
+    drafts: DraftFigures  # the speculative loop's
+    dynamic_drafts: DraftFigures | None  # speculative_dynamic's, when run
+    speed_check: SpeedCheck  # the speculative speedup read against the cost model (paired.check_speed)
+    predicted_speedup: float  # from a, and the cost model's c and v(k)
+    predicted_speedup_from_tau: float  # from tau, and the cost model's c and v(k)
+    in_run_cost_ratio: float  # c as these runs paid it (paired.in_run_costs)
+    in_run_verify_cost: float  # v as these runs paid it
+    predicted_speedup_in_run: float  # from a, and the c and v these runs paid
+    bandwidth_achieved: float  # bytes/s of target and draft weights read by the speculative loop, median over prompts
+    time_split_seconds: dict[str, float]  # the speculative loop's median prefill, draft, verify, bookkeeping seconds
+
+    @property
+    def speculative(self) -> MethodResult:
+        """Our speculative loop's result (always run)."""
+        return self.methods["speculative"]
+
+
+@dataclass
+class BenchResult:
+    """What :func:`run` measured: the baseline, every method at every k, and the cost model."""
+
+    max_new_tokens: int
+    prompts: int
+    cross_tokenizer: bool
+    temperature: float | None  # None: greedy
+    min_draft_confidence: float | None  # the speculative_dynamic method's bar; None: not run
+    target_weight_bytes: float
+    draft_weight_bytes: float
+    cost_model: Costs  # c and v(k) from isolated passes timed after the runs
+    baseline: BaselineResult
+    configs: list[KResult]  # one per k, in the order given
+
+    @property
+    def best(self) -> KResult:
+        """The k whose speculative speedup is highest."""
+        return max(self.configs, key=lambda c: c.speculative.speedup)
+
+    def to_json(self) -> dict:
+        """Every field as plain JSON values, with each speed check's verdict and the best k."""
+        out = asdict(self) | {"best_k": self.best.k}
+        for config, result in zip(out["configs"], self.configs):
+            config["speed_check"]["verdict"] = result.speed_check.verdict
+        return out
 
 
 def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: int = 128,
         hf_assisted: bool = True, progress: bool = True, min_draft_confidence: float | None = None,
-        temperature: float | None = None, seed: int = 0) -> dict:
-    """Benchmark every method on every prompt; return a JSON-ready summary.
+        temperature: float | None = None, seed: int = 0) -> BenchResult:
+    """Benchmark every method on every prompt (``BenchResult.to_json`` gives it as JSON).
 
     ``min_draft_confidence`` adds a method, ``speculative_dynamic``: our loop with k as the
     most drafts per iteration and the draft stopping early below that confidence.
     ``temperature`` switches every method from greedy to sampling at that temperature (each
     call seeded from ``seed`` and the prompt's index). Sampled outputs are not compared:
     speculative sampling keeps the target's *distribution*, not its individual samples, so
-    their ``*_identical_outputs`` entries are None.
+    their ``identical_outputs`` are None.
     """
     if min_draft_confidence is not None and pair.draft_model is None:
         raise ValueError("min_draft_confidence needs a draft model; prompt lookup and EAGLE heads take "
@@ -199,77 +284,67 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
         bar.set_postfix(baseline_tok_s=f"{max_new_tokens / baseline[-1]['seconds']:.0f}")
 
     context = int(statistics.median(ids.shape[1] for ids in encoded)) + max_new_tokens // 2
-    costs = cost_model(pair, context, ks)
+    costs = measure_costs(pair.target, pair.drafter, context, ks)  # c = 0 for a drafter that runs no model
     target_bytes = roofline.weight_bytes(pair.target)
     draft_bytes = pair.drafter.weight_bytes
     base_tps = [max_new_tokens / r["seconds"] for r in baseline]
-    summary = {
-        "max_new_tokens": max_new_tokens,
-        "prompts": len(prompts),
-        "cross_tokenizer": pair.cross_tokenizer,
-        "temperature": temperature,  # None: greedy
-        "target_weight_bytes": target_bytes,
-        "draft_weight_bytes": draft_bytes,
-        "cost_model": costs,
-        "baseline": {
-            "tokens_per_second": statistics.median(base_tps),
-            "tokens_per_second_spread": _quartiles(base_tps),
-            "bandwidth_achieved": statistics.median(
-                roofline.bandwidth_achieved(target_bytes, r["stats"].target_forward_calls, r["seconds"])
-                for r in baseline),
-            "per_prompt": [{"seconds": r["seconds"], "new_token_ids": r["sequences"][0, ids.shape[1]:].tolist()}
-                           for r, ids in zip(baseline, encoded)],
-        },
-        "configs": [],
-    }
+    base = BaselineResult(
+        tokens_per_second=statistics.median(base_tps),
+        tokens_per_second_spread=quartiles(base_tps),
+        bandwidth_achieved=statistics.median(
+            roofline.bandwidth_achieved(target_bytes, r["stats"].target_forward_calls, r["seconds"])
+            for r in baseline),
+        seconds=[r["seconds"] for r in baseline],
+        new_token_ids=[r["sequences"][0, ids.shape[1]:].tolist() for r, ids in zip(baseline, encoded)],
+    )
+    configs = []
     for k in ks:
-        entry = {"k": k}
-        for name, results in runs[k].items():
-            tps = [max_new_tokens / r["seconds"] for r in results]
-            entry[f"{name}_tokens_per_second"] = statistics.median(tps)
-            entry[f"{name}_tokens_per_second_spread"] = _quartiles(tps)
-            entry[f"{name}_speedup"] = statistics.median(
-                b["seconds"] / r["seconds"] for b, r in zip(baseline, results))
-            entry[f"{name}_identical_outputs"] = None if temperature is not None else all(
-                torch.equal(b["sequences"].cpu(), r["sequences"].cpu()) for b, r in zip(baseline, results))
-        stats = [r["stats"] for r in runs[k]["speculative"]]
-        total = GenerationStats.combined(stats)
-        check = check_speed([b["seconds"] / r["seconds"] for b, r in zip(baseline, runs[k]["speculative"])],
-                            total.tokens_per_target_pass, verify_cost=costs["verify_costs"][k])
-        entry["speculative_check"] = {"verdict": check.verdict, "problems": list(check.problems),
-                                      "ceiling": check.ceiling, "pairs": check.pairs}
+        speculative, dynamic = runs[k]["speculative"], runs[k].get("speculative_dynamic")
+        stats = [r["stats"] for r in speculative]
+        drafts = DraftFigures.of(stats)
         # c and v as these very runs paid them (in their baselines' decode step): no drift between
         # the runs and a separate measurement, and the contexts the loop really had
         c_run, v_run = in_run_costs([b["stats"] for b in baseline], stats)
-        entry |= _acceptance_figures(total) | {
-            "accepted_histogram": total.accepted_histogram,
-            "predicted_speedup": roofline.expected_speedup(total.acceptance_probability, k, costs["cost_ratio"],
-                                                           costs["verify_costs"][k]),
-            "in_run_costs": {"c": c_run, "v": v_run},
-            "predicted_speedup_in_run": roofline.expected_speedup(total.acceptance_probability, k, c_run, v_run),
-            "predicted_speedup_from_tau": roofline.speedup_from_tokens_per_pass(
-                total.tokens_per_target_pass, total.draft_forward_calls_per_iteration, costs["cost_ratio"],
-                costs["verify_costs"][k]),
-            "bandwidth_achieved": statistics.median(
+        configs.append(KResult(
+            k=k,
+            methods={name: _method_result(baseline, method_runs, max_new_tokens, greedy=temperature is None)
+                     for name, method_runs in runs[k].items()},
+            drafts=drafts,
+            dynamic_drafts=DraftFigures.of([r["stats"] for r in dynamic]) if dynamic else None,
+            speed_check=check_speed([b["seconds"] / r["seconds"] for b, r in zip(baseline, speculative)],
+                                    drafts.tokens_per_target_pass, verify_cost=costs.verify_costs[k]),
+            predicted_speedup=roofline.expected_speedup(drafts.acceptance_probability, k, costs.cost_ratio,
+                                                        costs.verify_costs[k]),
+            predicted_speedup_from_tau=roofline.speedup_from_tokens_per_pass(
+                drafts.tokens_per_target_pass, drafts.draft_forward_calls_per_iteration, costs.cost_ratio,
+                costs.verify_costs[k]),
+            in_run_cost_ratio=c_run,
+            in_run_verify_cost=v_run,
+            predicted_speedup_in_run=roofline.expected_speedup(drafts.acceptance_probability, k, c_run, v_run),
+            bandwidth_achieved=statistics.median(
                 roofline.bandwidth_achieved(target_bytes, s.target_forward_calls, r["seconds"])
                 + roofline.bandwidth_achieved(draft_bytes, s.draft_forward_calls, r["seconds"])
-                for s, r in zip(stats, runs[k]["speculative"])),
-            "time_split_seconds": {part: statistics.median(getattr(s, f"{part}_seconds") for s in stats)
-                                   for part in ("prefill", "draft", "verify", "bookkeeping")},
-            # prompt by prompt, in the order given: for grouping prompts afterwards (e.g. by kind)
-            "per_prompt": [{"baseline_seconds": b["seconds"]}
-                           | {f"{name}_seconds": runs[k][name][i]["seconds"] for name in runs[k]}
-                           | {"drafted": s.drafted_tokens, "accepted": s.accepted_tokens,
-                              "new_tokens": b["sequences"].shape[1] - encoded[i].shape[1]}
-                           for i, (b, s) in enumerate(zip(baseline, stats))],
-        }
-        if min_draft_confidence is not None:
-            dynamic = GenerationStats.combined(r["stats"] for r in runs[k]["speculative_dynamic"])
-            entry["dynamic"] = {"min_draft_confidence": min_draft_confidence} | _acceptance_figures(dynamic)
-        summary["configs"].append(entry)
-    best = max(summary["configs"], key=lambda c: c["speculative_speedup"])
-    summary["best_k"] = best["k"]
-    return summary
+                for s, r in zip(stats, speculative)),
+            time_split_seconds={part: statistics.median(getattr(s, f"{part}_seconds") for s in stats)
+                                for part in ("prefill", "draft", "verify", "bookkeeping")},
+        ))
+    return BenchResult(max_new_tokens=max_new_tokens, prompts=len(prompts), cross_tokenizer=pair.cross_tokenizer,
+                       temperature=temperature, min_draft_confidence=min_draft_confidence,
+                       target_weight_bytes=target_bytes, draft_weight_bytes=draft_bytes, cost_model=costs,
+                       baseline=base, configs=configs)
+
+
+def _method_result(baseline: list[dict], runs: list[dict], max_new_tokens: int, greedy: bool) -> MethodResult:
+    """One method's runs against the baseline's, prompt by prompt (outputs compared only when greedy)."""
+    tps = [max_new_tokens / r["seconds"] for r in runs]
+    return MethodResult(
+        tokens_per_second=statistics.median(tps),
+        tokens_per_second_spread=quartiles(tps),
+        speedup=statistics.median(b["seconds"] / r["seconds"] for b, r in zip(baseline, runs)),
+        identical_outputs=all(torch.equal(b["sequences"].cpu(), r["sequences"].cpu())
+                              for b, r in zip(baseline, runs)) if greedy else None,
+        seconds=[r["seconds"] for r in runs],
+    )
 
 
 def compare_drafters(target: torch.nn.Module, drafters: dict[str, object], prompts: Sequence[torch.LongTensor],
@@ -299,23 +374,6 @@ def compare_drafters(target: torch.nn.Module, drafters: dict[str, object], promp
     return runs
 
 
-def _acceptance_figures(total: GenerationStats) -> dict:
-    """What a method's combined stats say about its drafts, for the summary."""
-    return {
-        "acceptance_rate": total.acceptance_rate,
-        "acceptance_probability": total.acceptance_probability,  # the i.i.d. model's a
-        "tokens_per_target_pass": total.tokens_per_target_pass,
-        "drafted_per_iteration": total.drafted_per_iteration,
-        # k for a draft model; k + 1 on the UAG path (see CrossTokenizerDrafter.propose).
-        "draft_forward_calls_per_iteration": total.draft_forward_calls_per_iteration,
-    }
-
-
-def _quartiles(values: list[float]) -> list[float]:
-    """The interquartile range [q1, q3], as a JSON list."""
-    return list(quartiles(values))
-
-
 def dram_bandwidth(rounds: int = 3) -> float:
     """This machine's DRAM bandwidth (bytes/s): STREAM triad on arrays twice the last-level cache,
     the best of ``rounds`` measurements (other work on the machine can only lower it)."""
@@ -323,8 +381,59 @@ def dram_bandwidth(rounds: int = 3) -> float:
     return max(roofline.measure_memory_bandwidth(2 * llc, repeats=3)["triad"] for _ in range(rounds))
 
 
+@dataclass
+class VersionResult:
+    """One method run one way, eager or on the fast path, on every prompt."""
+
+    tokens_per_second: float  # median over prompts
+    tokens_per_second_spread: tuple[float, float]  # interquartile range
+    bandwidth_achieved: float  # bytes/s of the weights this version reads, median over prompts
+    bandwidth_share: float  # bandwidth_achieved / the DRAM bandwidth
+    speedup_over_own_baseline: float  # median of per-prompt ratios to this version's baseline
+    speedup_over_eager: float  # median of per-prompt ratios to the same method run eagerly
+    identical_prompts: int  # prompts whose output equals the eager baseline's
+
+
+@dataclass
+class EagerVsFast:
+    """One method, the baseline or speculative decoding at one k, eager and on the fast path."""
+
+    k: int | None  # None: the baseline
+    eager: VersionResult
+    fast: VersionResult
+
+
+@dataclass
+class FastBenchResult:
+    """What :func:`run_fast` measured: the baseline and every k, eager and fast side by side."""
+
+    max_new_tokens: int
+    prompts: int
+    threads: int  # torch threads
+    fast_path: str  # what the fast path runs (kernels.fast.path_name)
+    compiled: bool  # whether it runs under torch.compile
+    warmup_seconds: dict[str, float]  # per version ("eager", "fast"), compilation included
+    dram_bandwidth: float  # bytes/s
+    target_weight_bytes: float  # read per eager target pass
+    draft_weight_bytes: float  # read per eager draft step
+    fast_target_weight_bytes: float  # read per fast target pass
+    seconds_per_token_bound: float  # eager target weights / DRAM bandwidth
+    fast_seconds_per_token_bound: float  # fast target weights / DRAM bandwidth
+    baseline: EagerVsFast
+    configs: list[EagerVsFast]  # one per k, in the order given
+
+    @property
+    def best(self) -> EagerVsFast:
+        """The k whose fast speculative decoding gains most over the fast baseline."""
+        return max(self.configs, key=lambda c: c.fast.speedup_over_own_baseline)
+
+    def to_json(self) -> dict:
+        """Every field as plain JSON values, with the best k."""
+        return asdict(self) | {"best_k": self.best.k}
+
+
 def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: int = 128,
-             progress: bool = True, compile: bool = False, bandwidth: float | None = None) -> dict:
+             progress: bool = True, compile: bool = False, bandwidth: float | None = None) -> FastBenchResult:
     """The eager pair against its :func:`specdec_ref.kernels.fast.prepare` version, side by side.
 
     Baseline and speculative decoding at every k run for both versions on every prompt,
@@ -373,7 +482,7 @@ def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_toke
                 for version, p in versions.items()}
     eager_baseline = runs["eager", None]
 
-    def figures(version: str, k: int | None) -> dict:
+    def figures(version: str, k: int | None) -> VersionResult:
         results = runs[version, k]
         tps = [max_new_tokens / r["seconds"] for r in results]
         target_bytes, draft_bytes = streamed[version]
@@ -382,69 +491,74 @@ def run_fast(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_toke
             + roofline.bandwidth_achieved(draft_bytes, r["stats"].draft_forward_calls, r["seconds"])
             for r in results)
         own_baseline = runs[version, None]
-        return {
-            "tokens_per_second": statistics.median(tps),
-            "tokens_per_second_spread": _quartiles(tps),
-            "bandwidth_achieved": achieved,
-            "bandwidth_share": achieved / bandwidth,
+        return VersionResult(
+            tokens_per_second=statistics.median(tps),
+            tokens_per_second_spread=quartiles(tps),
+            bandwidth_achieved=achieved,
+            bandwidth_share=achieved / bandwidth,
             # per-prompt ratios: the same version's baseline, and the same method run eagerly
-            "speedup_over_own_baseline": statistics.median(b["seconds"] / r["seconds"]
-                                                           for b, r in zip(own_baseline, results)),
-            "speedup_over_eager": statistics.median(e["seconds"] / r["seconds"]
-                                                    for e, r in zip(runs["eager", k], results)),
-            "identical_prompts": sum(torch.equal(b["sequences"].cpu(), r["sequences"].cpu())
-                                     for b, r in zip(eager_baseline, results)),
-        }
+            speedup_over_own_baseline=statistics.median(b["seconds"] / r["seconds"]
+                                                        for b, r in zip(own_baseline, results)),
+            speedup_over_eager=statistics.median(e["seconds"] / r["seconds"]
+                                                 for e, r in zip(runs["eager", k], results)),
+            identical_prompts=sum(torch.equal(b["sequences"].cpu(), r["sequences"].cpu())
+                                  for b, r in zip(eager_baseline, results)),
+        )
 
-    summary = {
-        "max_new_tokens": max_new_tokens,
-        "prompts": len(prompts),
-        "threads": torch.get_num_threads(),
-        "fast_path": fast.path_name(fast_pair.target),
-        "compiled": compile,
-        "warmup_seconds": warmup_seconds,
-        "dram_bandwidth": bandwidth,
-        "target_weight_bytes": streamed["eager"][0],
-        "draft_weight_bytes": streamed["eager"][1],
-        "fast_target_weight_bytes": streamed["fast"][0],
-        "seconds_per_token_bound": roofline.seconds_per_token_bound(streamed["eager"][0], bandwidth),
-        "fast_seconds_per_token_bound": roofline.seconds_per_token_bound(streamed["fast"][0], bandwidth),
-        "baseline": {version: figures(version, None) for version in versions},
-        "configs": [{"k": k} | {version: figures(version, k) for version in versions} for k in ks],
-    }
-    best = max(summary["configs"], key=lambda c: c["fast"]["speedup_over_own_baseline"])
-    summary["best_k"] = best["k"]
-    return summary
+    def side_by_side(k: int | None) -> EagerVsFast:
+        return EagerVsFast(k, figures("eager", k), figures("fast", k))
+
+    return FastBenchResult(
+        max_new_tokens=max_new_tokens,
+        prompts=len(prompts),
+        threads=torch.get_num_threads(),
+        fast_path=fast.path_name(fast_pair.target),
+        compiled=compile,
+        warmup_seconds=warmup_seconds,
+        dram_bandwidth=bandwidth,
+        target_weight_bytes=streamed["eager"][0],
+        draft_weight_bytes=streamed["eager"][1],
+        fast_target_weight_bytes=streamed["fast"][0],
+        seconds_per_token_bound=roofline.seconds_per_token_bound(streamed["eager"][0], bandwidth),
+        fast_seconds_per_token_bound=roofline.seconds_per_token_bound(streamed["fast"][0], bandwidth),
+        baseline=side_by_side(None),
+        configs=[side_by_side(k) for k in ks],
+    )
 
 
-def plot(summary: dict, path: str) -> None:
+def plot(summary: BenchResult, path: str) -> None:
     """Measured vs predicted speedup over k, and the accepted-per-iteration histogram at the best k."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    configs = summary["configs"]
-    ks = [c["k"] for c in configs]
+    configs = summary.configs
+    ks = [c.k for c in configs]
+
+    def measured(method: str) -> list[float]:
+        return [c.methods[method].speedup for c in configs]
+
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.plot(ks, [c["speculative_speedup"] for c in configs], "o-", label="specdec_ref (measured)")
-    left.plot(ks, [c["predicted_speedup"] for c in configs], "s--", label="predicted from measured a, c, v(k)")
-    left.plot(ks, [c["predicted_speedup_from_tau"] for c in configs], "d:", label="predicted from measured tau, c, v(k)")
-    if "dynamic" in configs[0]:
-        left.plot(ks, [c["speculative_dynamic_speedup"] for c in configs], "v-",
-                  label=f"specdec_ref, dynamic k (confidence >= {configs[0]['dynamic']['min_draft_confidence']})")
-    if "hf_assisted_speedup" in configs[0]:
-        left.plot(ks, [c["hf_assisted_speedup"] for c in configs], "^-", label="transformers assisted (measured)")
+    left.plot(ks, measured("speculative"), "o-", label="specdec_ref (measured)")
+    left.plot(ks, [c.predicted_speedup for c in configs], "s--", label="predicted from measured a, c, v(k)")
+    left.plot(ks, [c.predicted_speedup_from_tau for c in configs], "d:", label="predicted from measured tau, c, v(k)")
+    if summary.min_draft_confidence is not None:
+        left.plot(ks, measured("speculative_dynamic"), "v-",
+                  label=f"specdec_ref, dynamic k (confidence >= {summary.min_draft_confidence})")
+    if "hf_assisted" in configs[0].methods:
+        left.plot(ks, measured("hf_assisted"), "^-", label="transformers assisted (measured)")
     left.axhline(1.0, color="grey", lw=1, label="baseline (break-even)")
     left.set(xlabel="k (draft tokens per iteration)", ylabel="speedup over the baseline",
-             title=f"{summary['prompts']} prompts, {summary['max_new_tokens']} new tokens")
+             title=f"{summary.prompts} prompts, {summary.max_new_tokens} new tokens")
     left.set_xticks(ks)  # k is a whole number of drafts
     left.legend(fontsize="small")
-    best = next(c for c in configs if c["k"] == summary["best_k"])
-    right.bar(range(len(best["accepted_histogram"])), best["accepted_histogram"])
-    right.set_xticks(range(len(best["accepted_histogram"])))
+    best = summary.best
+    histogram = best.drafts.accepted_histogram
+    right.bar(range(len(histogram)), histogram)
+    right.set_xticks(range(len(histogram)))
     right.set(xlabel="drafts accepted in the iteration", ylabel="iterations",
-              title=f"k = {best['k']}: acceptance {best['acceptance_rate']:.2f}")
+              title=f"k = {best.k}: acceptance {best.drafts.acceptance_rate:.2f}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -36,24 +36,30 @@ def test_run_reports_every_method_and_checks_outputs(saved_models, draft, tmp_pa
     assert pair.cross_tokenizer == (draft == "draft-xtok") and pair.prompt_lookup == (draft == "ngram")
     prompts = bench.repetition_prompts(PROMPTS) if draft == "ngram" else PROMPTS
     summary = bench.run(pair, prompts, ks=[1, 3], max_new_tokens=16, progress=False)
-    assert summary["prompts"] == 3 and [c["k"] for c in summary["configs"]] == [1, 3]
-    assert summary["baseline"]["tokens_per_second"] > 0 and summary["baseline"]["bandwidth_achieved"] > 0
-    for config in summary["configs"]:
-        assert config["speculative_identical_outputs"] is True
-        assert config["hf_assisted_identical_outputs"] is True
-        assert 0 <= config["acceptance_rate"] <= 1
-        assert len(config["accepted_histogram"]) == config["k"] + 1
-        assert config["predicted_speedup"] > 0 and config["speculative_speedup"] > 0
-        assert config["predicted_speedup_from_tau"] > 0
+    assert summary.prompts == 3 and [c.k for c in summary.configs] == [1, 3]
+    assert summary.baseline.tokens_per_second > 0 and summary.baseline.bandwidth_achieved > 0
+    assert len(summary.baseline.seconds) == 3 and all(len(ids) == 16 for ids in summary.baseline.new_token_ids)
+    for config in summary.configs:
+        assert set(config.methods) == {"speculative", "hf_assisted"} and config.dynamic_drafts is None
+        assert all(method.identical_outputs is True and len(method.seconds) == 3 for method in config.methods.values())
+        assert 0 <= config.drafts.acceptance_rate <= 1
+        assert len(config.drafts.accepted_histogram) == config.k + 1
+        assert sum(config.drafts.accepted) <= sum(config.drafts.drafted) and len(config.drafts.drafted) == 3
+        assert config.predicted_speedup > 0 and config.speculative.speedup > 0
+        assert config.predicted_speedup_from_tau > 0
+        assert config.speed_check.ratio == config.speculative.speedup and config.speed_check.pairs == 3
         # the runs' own costs: prompt lookup runs no draft pass; the prediction is the model's formula on them
-        c_run, v_run = config["in_run_costs"]["c"], config["in_run_costs"]["v"]
+        c_run, v_run = config.in_run_cost_ratio, config.in_run_verify_cost
         assert (c_run == 0) == (draft == "ngram") and v_run > 0
-        assert config["predicted_speedup_in_run"] == pytest.approx(
-            roofline.expected_speedup(config["acceptance_probability"], config["k"], c_run, v_run))
-        assert set(config["time_split_seconds"]) == {"prefill", "draft", "verify", "bookkeeping"}
-    costs = summary["cost_model"]
-    assert (costs["cost_ratio"] == 0) == (draft == "ngram") and set(costs["verify_costs"]) == {1, 3}
-    json.dumps(summary)  # JSON-ready
+        assert config.predicted_speedup_in_run == pytest.approx(
+            roofline.expected_speedup(config.drafts.acceptance_probability, config.k, c_run, v_run))
+        assert set(config.time_split_seconds) == {"prefill", "draft", "verify", "bookkeeping"}
+    costs = summary.cost_model
+    assert (costs.cost_ratio == 0) == (draft == "ngram") and set(costs.verify_costs) == {1, 3}
+    written = json.loads(json.dumps(summary.to_json()))
+    assert written["best_k"] == summary.best.k
+    assert written["configs"][1]["methods"]["speculative"]["speedup"] == summary.configs[1].speculative.speedup
+    assert written["configs"][0]["speed_check"]["verdict"] == summary.configs[0].speed_check.verdict
     bench.plot(summary, str(tmp_path / "bench.png"))
     assert (tmp_path / "bench.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -62,13 +68,14 @@ def test_dynamic_drafting_is_benchmarked_beside_fixed_k(saved_models, tmp_path):
     pair = bench.load_pair(saved_models["target"], saved_models["draft"])
     summary = bench.run(pair, PROMPTS, ks=[4], max_new_tokens=16, hf_assisted=False, progress=False,
                         min_draft_confidence=0.9)
-    config = summary["configs"][0]
-    assert config["speculative_dynamic_identical_outputs"] is True and config["speculative_dynamic_speedup"] > 0
-    dynamic = config["dynamic"]
-    assert dynamic["min_draft_confidence"] == 0.9
-    assert dynamic["drafted_per_iteration"] < 4  # the 0.9 bar stops drafts early
-    assert dynamic["draft_forward_calls_per_iteration"] == pytest.approx(dynamic["drafted_per_iteration"])
-    assert 0 <= dynamic["acceptance_rate"] <= dynamic["acceptance_probability"] <= 1
+    config = summary.configs[0]
+    assert config.methods["speculative_dynamic"].identical_outputs is True
+    assert config.methods["speculative_dynamic"].speedup > 0
+    dynamic = config.dynamic_drafts
+    assert summary.min_draft_confidence == 0.9
+    assert dynamic.drafted_per_iteration < 4  # the 0.9 bar stops drafts early
+    assert dynamic.draft_forward_calls_per_iteration == pytest.approx(dynamic.drafted_per_iteration)
+    assert 0 <= dynamic.acceptance_rate <= dynamic.acceptance_probability <= 1
     bench.plot(summary, str(tmp_path / "dynamic.png"))
     assert (tmp_path / "dynamic.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError, match="needs a draft model"):
@@ -84,7 +91,8 @@ def test_cli_writes_json_and_plot(saved_models, tmp_path):
         capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "out.json").read_text())
-    assert summary["configs"][0]["k"] == 2 and "hf_assisted_speedup" not in summary["configs"][0]
+    assert summary["configs"][0]["k"] == 2 and set(summary["configs"][0]["methods"]) == {"speculative"}
+    assert summary["target"] == saved_models["target"] and summary["dram_bandwidth"] > 0
     assert (tmp_path / "out.png").exists()
     assert "identical True" in result.stdout
 
@@ -188,9 +196,9 @@ def test_cli_prompts_file_and_sampling(saved_models, tmp_path):
     summary = json.loads((tmp_path / "s.json").read_text())
     config = summary["configs"][0]
     assert summary["prompts"] == 3 and summary["temperature"] == 0.7 and summary["prompts_file"] == str(prompts)
-    assert config["speculative_identical_outputs"] is None and config["hf_assisted_identical_outputs"] is None
-    assert 1 < config["drafted_per_iteration"] <= 2 and 0 <= config["acceptance_rate"] <= 1
-    assert len(config["per_prompt"]) == 3 and all(r["new_tokens"] == 8 for r in config["per_prompt"])
+    assert [method["identical_outputs"] for method in config["methods"].values()] == [None, None]
+    assert 1 < config["drafts"]["drafted_per_iteration"] <= 2 and 0 <= config["drafts"]["acceptance_rate"] <= 1
+    assert len(config["drafts"]["accepted"]) == 3 and all(len(ids) == 8 for ids in summary["baseline"]["new_token_ids"])
     assert "exact in distribution" in result.stdout and "identical" not in result.stdout.split("exact")[1]
     assert "ms/token" in result.stdout and "DRAM triad measured here" in result.stdout
     bad = subprocess.run([sys.executable, "-m", "specdec_ref", "bench", "--temperature", "0.7"],
@@ -202,7 +210,7 @@ def test_sampled_runs_repeat_with_the_same_seed(saved_models):
     pair = bench.load_pair(saved_models["target"], saved_models["draft"])
     runs = [bench.run(pair, PROMPTS[:2], ks=[3], max_new_tokens=12, hf_assisted=False, progress=False,
                       temperature=1.0, seed=seed) for seed in (5, 5, 6)]
-    accepted = [[r["accepted"] for r in run["configs"][0]["per_prompt"]] for run in runs]
+    accepted = [run.configs[0].drafts.accepted for run in runs]
     assert accepted[0] == accepted[1]  # same seed, same draws
     with pytest.raises(ValueError, match="temperature must be > 0"):
         bench.run(pair, PROMPTS[:1], ks=[2], temperature=0.0)

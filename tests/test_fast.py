@@ -366,19 +366,18 @@ def saved_pair(tmp_path_factory, tokenizer_a):
 def test_run_fast_reports_both_versions(saved_pair):
     pair = bench.load_pair(*saved_pair)
     summary = bench.run_fast(pair, ["def f(x):\n    ", "class A:\n"], ks=[1, 3], max_new_tokens=12, progress=False)
-    assert summary["threads"] == torch.get_num_threads() and summary["dram_bandwidth"] > 0
-    rows = [summary["baseline"]] + summary["configs"]
-    for row in rows:
-        for version in ("eager", "fast"):
-            figures = row[version]
-            assert figures["identical_prompts"] == 2
-            assert figures["tokens_per_second"] > 0 and 0 < figures["bandwidth_share"]
-            assert figures["bandwidth_share"] == pytest.approx(figures["bandwidth_achieved"] / summary["dram_bandwidth"])
-    assert summary["baseline"]["eager"]["speedup_over_eager"] == 1.0
-    assert summary["best_k"] in (1, 3)
-    json.dumps(summary)
+    assert summary.threads == torch.get_num_threads() and summary.dram_bandwidth > 0
+    assert summary.baseline.k is None and [c.k for c in summary.configs] == [1, 3]
+    for row in [summary.baseline, *summary.configs]:
+        for figures in (row.eager, row.fast):
+            assert figures.identical_prompts == 2
+            assert figures.tokens_per_second > 0 and 0 < figures.bandwidth_share
+            assert figures.bandwidth_share == pytest.approx(figures.bandwidth_achieved / summary.dram_bandwidth)
+    assert summary.baseline.eager.speedup_over_eager == 1.0
+    assert summary.best.k in (1, 3)
+    assert json.loads(json.dumps(summary.to_json()))["best_k"] == summary.best.k
     given = bench.run_fast(pair, ["x = 1\n"], ks=[1], max_new_tokens=4, progress=False, bandwidth=12.5e9)
-    assert given["dram_bandwidth"] == 12.5e9  # the caller's figure, not a second measurement
+    assert given.dram_bandwidth == 12.5e9  # the caller's figure, not a second measurement
 
 
 def test_run_fast_refuses_a_model_it_does_not_apply_to(saved_pair):

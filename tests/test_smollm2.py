@@ -315,11 +315,11 @@ def test_the_bench_runs_the_eagle_head_eager_and_fast():
     with pytest.raises(ValueError, match="no assisted generation for this drafter"):
         bench.run(pair, [text], [2], 8)
     summary = bench.run(pair, [text], [2], 8, hf_assisted=False, progress=False)
-    config = summary["configs"][0]
-    assert config["speculative_identical_outputs"] and config["tokens_per_target_pass"] > 1
-    assert 0 < summary["cost_model"]["cost_ratio"] < 0.5
+    config = summary.configs[0]
+    assert config.speculative.identical_outputs and config.drafts.tokens_per_target_pass > 1
+    assert 0 < summary.cost_model.cost_ratio < 0.5
     # the head, 8,192 rows of the LM head and one embedding row: far less than a fifth of SmolLM2
-    assert summary["draft_weight_bytes"] < roofline.weight_bytes(pair.target) / 5
+    assert summary.draft_weight_bytes < roofline.weight_bytes(pair.target) / 5
     fast_summary = bench.run_fast(pair, [text], [2], 8, progress=False)
-    assert fast_summary["configs"][0]["fast"]["identical_prompts"] == 1
-    assert fast_summary["configs"][0]["eager"]["identical_prompts"] == 1
+    assert fast_summary.configs[0].fast.identical_prompts == 1
+    assert fast_summary.configs[0].eager.identical_prompts == 1
