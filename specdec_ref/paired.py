@@ -143,7 +143,8 @@ class SpeedCheck:
     def verdict(self) -> str:
         if self.problems:
             return "not read"
-        verdict = speed_verdict(self.ratio, self.spread)
+        # as printed (two decimals): an IQR shown as 1.00-1.03 does not lie above 1
+        verdict = speed_verdict(self.ratio, (round(self.spread[0], 2), round(self.spread[1], 2)))
         return "not resolved" if verdict == "no measurable difference" else verdict
 
     def phrase(self, reference: str) -> str:

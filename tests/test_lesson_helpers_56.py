@@ -111,6 +111,8 @@ def test_check_speed_reads_only_what_the_cost_model_allows():
     assert "fewer than the 5" in check_speed([1.3, 1.4, 1.2], tokens_per_pass=2.5).problems[0]
     assert check_speed([0.9, 1.2, 1.05, 1.0, 1.1]).verdict == "not resolved"
     assert check_speed([0.8, 0.85, 0.9, 0.82, 0.88]).verdict == "slower"
+    # read as printed: an IQR shown as 1.00-1.03 straddles 1
+    assert check_speed([1.004, 1.003, 1.01, 1.03, 1.02]).verdict == "not resolved"
     asked = []
 
     def measure(pairs):
