@@ -357,15 +357,12 @@ def run_bench(args: argparse.Namespace) -> None:
         raise CommandError("--fast compares greedy outputs; it takes no --do-sample")
     if args.compile and not args.fast:
         raise CommandError("--compile chooses the --fast path's kind; use it with --fast")
-    if args.weights_first and args.device != "cpu":
-        raise CommandError("--weights-first is a choice of CPU kernel; use it with --device cpu")
     if args.fast and (args.plot or args.min_confidence is not None):
         raise CommandError("--fast compares eager and fast at fixed k; it draws no plot and takes no --min-confidence")
     _check_zoo_names(args.target, args.draft)
-    pair = bench.load_pair(args.target, args.draft, device=args.device, dtype=DTYPES[args.dtype],
-                           weights_first=args.weights_first)
-    if args.weights_first:
-        print("eager models: few-row linear layers computed weights-first (W @ x^T; specdec_ref.kernels.weights_first)")
+    path, reason = _bench_path(args)
+    pair = bench.load_pair(args.target, args.draft, device=args.device, dtype=DTYPES[args.dtype], path=path)
+    print(f"path: {reason or pair.path_reason}")
     if pair.draft_model is None and not pair.prompt_lookup and not args.no_hf:
         print(f"{args.draft} drafts from the target's features; transformers has no such drafter, so its "
               "assisted generation is left out (as with --no-hf)")
@@ -421,7 +418,7 @@ def run_bench(args: argparse.Namespace) -> None:
     if args.json:
         settings = {"target": args.target, "draft": args.draft, "device": args.device, "dtype": args.dtype,
                     "repeat_prompts": args.repeat_prompts, "prompts_file": args.prompts_file,
-                    "weights_first": args.weights_first, "dram_bandwidth": dram}
+                    "path": pair.path, "dram_bandwidth": dram}
         Path(args.json).write_text(json.dumps(summary.to_json() | settings, indent=2))
         print(f"JSON written to {args.json}")
     if args.plot:
@@ -442,21 +439,34 @@ def run_fast_bench(args: argparse.Namespace, pair, prompts: list[str], ks: list[
     print("\n".join(fast_report(summary)))
     if args.json:
         settings = {"target": args.target, "draft": args.draft, "device": args.device, "dtype": args.dtype,
-                    "repeat_prompts": args.repeat_prompts, "weights_first": args.weights_first}
+                    "repeat_prompts": args.repeat_prompts, "path": pair.path}
         Path(args.json).write_text(json.dumps(summary.to_json() | settings, indent=2))
         print(f"JSON written to {args.json}")
 
 
-def _fast_pair(pair):
-    """``(target, drafter)`` of ``pair`` on the fast path (:mod:`specdec_ref.kernels.fast`), the
-    drafter following its target (``DrafterBase.for_target``), as ``bench.run_fast`` does."""
-    from .kernels import fast
+def _check_path(path: str, device: str) -> None:
+    if path in ("weights-first", "fast") and device != "cpu":
+        raise CommandError(f"--path {path} is a choice of CPU kernels; use it with --device cpu")
 
-    usable, reason = fast.available(pair.target)
-    if not usable:
-        raise CommandError(f"--fast does not apply here: {reason}")
-    target = fast.prepare(pair.target)
-    return target, pair.drafter.for_target(target)
+
+def _bench_path(args: argparse.Namespace) -> tuple[str, str | None]:
+    """The path ``bench`` loads the pair on (--path, except where a comparison needs the stock
+    model), and why when it is not --path's."""
+    from . import zoo
+
+    _check_path(args.path, args.device)
+    if args.fast:  # eager against the fast path, side by side: the pair loads eager
+        if args.path not in ("auto", "eager"):
+            raise CommandError("--fast compares the eager model with the fast path; it takes no --path")
+        return "eager", "eager beside fast (--fast)"
+    hf_compared = not args.no_hf and not zoo.is_eagle_head(args.draft)
+    if hf_compared and args.path != "eager":
+        if args.path != "auto":
+            raise CommandError(f"--path {args.path}: transformers' assisted generation, compared by default, runs "
+                               "the stock model; add --no-hf to time our loop on another path")
+        return "eager", ("eager, since transformers' assisted generation is compared (--no-hf lets bench choose "
+                         "the quickest path)")
+    return args.path, None
 
 
 def run_generate(args: argparse.Namespace) -> None:
@@ -471,10 +481,7 @@ def run_generate(args: argparse.Namespace) -> None:
     if given and not args.do_sample:
         raise CommandError(f"{' and '.join(given)} {'needs' if len(given) == 1 else 'need'} --do-sample "
                            "(the default is greedy decoding)")
-    if args.fast and args.weights_first:
-        raise CommandError("--fast and --weights-first are two different kernel choices; pick one")
-    if args.weights_first and args.device != "cpu":
-        raise CommandError("--weights-first is a choice of CPU kernel; use it with --device cpu")
+    _check_path(args.path, args.device)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt.strip():
         raise CommandError("the prompt is empty")
@@ -484,9 +491,9 @@ def run_generate(args: argparse.Namespace) -> None:
         raise CommandError(f"--chat: the tokenizer of {args.target} has no chat template"
                            + ("; zoo:target-chat is zoo:target with one" if args.target == "zoo:target" else ""))
 
-    pair = bench.load_pair(args.target, args.draft, device=args.device, dtype=DTYPES[args.dtype],
-                           weights_first=args.weights_first)
-    target, drafter = _fast_pair(pair) if args.fast else (pair.target, pair.drafter)
+    pair = bench.load_pair(args.target, args.draft, device=args.device, dtype=DTYPES[args.dtype], path=args.path)
+    print(f"path: {pair.path_reason}", file=sys.stderr)
+    target, drafter = pair.target, pair.drafter
     tokenizer = pair.target_tokenizer
     if args.chat:
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
@@ -535,6 +542,13 @@ def run_roofline(args: argparse.Namespace) -> None:
     measured = measure_this_machine()
     bound = size / measured["dram"]
     print(f"  this CPU   {measured['dram'] / 1e12:5.3f} TB/s (measured DRAM triad) -> >= {bound * 1e3:8.2f} ms/token")
+
+
+PATH_CHOICES = ("auto", "eager", "weights-first", "fast")
+PATH_HELP = ("how both models run: auto (default) times a decode step and a verification pass each way that applies "
+             "and keeps the quickest; eager is PyTorch's stock layers (what the lessons teach first); weights-first "
+             "computes few-row layers as W @ x^T (specdec_ref.kernels.weights_first); fast reads GGUF codes or bf16 "
+             "copies as stored (specdec_ref.kernels.fast). The baseline runs the same way")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -592,9 +606,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="eager vs the fast path (specdec_ref.kernels.fast), baseline and speculative, side by side")
     p.add_argument("--compile", action="store_true",
                    help="with --fast: the fast path also compiles the models with torch.compile (instead of prepacking)")
-    p.add_argument("--weights-first", action="store_true",
-                   help="the eager models compute few-row linear layers as W @ x^T (specdec_ref.kernels.weights_first): "
-                        "on CPUs where PyTorch's x @ W^T is slow for a few rows, verification costs little more than a step")
+    p.add_argument("--path", choices=PATH_CHOICES, default="auto", help=PATH_HELP)
     p.set_defaults(func=run_bench)
 
     p = sub.add_parser("generate", help="stream one speculative generation, then its health check",
@@ -621,10 +633,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="torch device for both models (default cpu)")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
                    help="weights' dtype for both models (default float32)")
-    p.add_argument("--fast", action="store_true",
-                   help="run on the fast path (specdec_ref.kernels.fast: SmolLM2 reads its GGUF codes)")
-    p.add_argument("--weights-first", action="store_true",
-                   help="compute few-row linear layers as W @ x^T (specdec_ref.kernels.weights_first; CPU only)")
+    p.add_argument("--path", choices=PATH_CHOICES, default="auto", help=PATH_HELP)
     p.add_argument("--no-baseline", action="store_true",
                    help="do not time the target alone afterwards (the health check then says nothing of speed-up)")
     p.set_defaults(func=run_generate)

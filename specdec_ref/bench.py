@@ -27,6 +27,7 @@ from .eagle import EagleDrafter
 from .ngram import PromptLookupDrafter
 from .paired import SpeedCheck, check_speed, in_run_costs, time_rotated
 from .inputs import clock
+from .modules import like
 from .speculative import as_drafter, speculative_generate
 from .stats import GenerationStats
 from .timing import quartiles
@@ -42,6 +43,8 @@ class Pair:
     draft: torch.nn.Module | DrafterBase
     target_tokenizer: object
     draft_tokenizer: object | None
+    path: str = "eager"  # how both models run (specdec_ref.kernels.choice.PATHS)
+    path_reason: str = "the stock model, as asked"  # why, in one line
     cross_tokenizer: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -73,21 +76,30 @@ class Pair:
 
 
 def load_pair(target: str, draft: str, device: str = "cpu", dtype: torch.dtype = torch.float32,
-              weights_first: bool = False) -> Pair:
+              path: str = "eager") -> Pair:
     """Load a pair by zoo name (``zoo:target``), local path or Hub id; ``draft="ngram"`` is prompt
     lookup; an EAGLE head (``zoo:smollm2-eagle`` or its folder) drafts from the target's features.
-    ``weights_first=True``: both models' few-row linear layers computed as W @ xᵀ
-    (:mod:`specdec_ref.kernels.weights_first`)."""
+    ``path``: how both models run, one of :data:`specdec_ref.kernels.choice.PATHS` ("eager",
+    "weights-first", "fast"), or "auto" for the quickest on this machine, measured at load
+    (:func:`specdec_ref.kernels.choice.fastest_path`); the draft runs the way its target does."""
     from . import zoo
+    from .kernels.choice import PATHS, fastest_path, on_path
 
-    target_model, target_tokenizer = zoo.load(target, dtype=dtype, device=device, weights_first=weights_first)
+    if path not in (*PATHS, "auto"):
+        raise ValueError(f"unknown path {path!r}; choose auto or one of {', '.join(PATHS)}")
+    target_model, target_tokenizer = zoo.load(target, dtype=dtype, device=device)
+    if path == "auto":
+        choice = fastest_path(target_model)
+        target_model, path, reason = choice.model, choice.name, choice.reason()
+    else:
+        target_model, reason = on_path(target_model, path), f"{path}, as asked"
     if draft == "ngram":
-        return Pair(target_model, PromptLookupDrafter(), target_tokenizer, None)
+        return Pair(target_model, PromptLookupDrafter(), target_tokenizer, None, path, reason)
     if zoo.is_eagle_head(draft):
         head, vocab = zoo.load_eagle(draft, dtype=dtype, device=device)
-        return Pair(target_model, EagleDrafter(head, target_model, vocab), target_tokenizer, None)
-    draft_model, draft_tokenizer = zoo.load(draft, dtype=dtype, device=device, weights_first=weights_first)
-    return Pair(target_model, draft_model, target_tokenizer, draft_tokenizer)
+        return Pair(target_model, EagleDrafter(head, target_model, vocab), target_tokenizer, None, path, reason)
+    draft_model, draft_tokenizer = zoo.load(draft, dtype=dtype, device=device)
+    return Pair(target_model, like(draft_model, target_model), target_tokenizer, draft_tokenizer, path, reason)
 
 
 def repetition_prompts(prompts: Sequence[str]) -> list[str]:

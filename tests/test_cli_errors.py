@@ -86,7 +86,9 @@ def test_bad_numbers_are_refused_as_the_arguments_are_parsed(args, message, caps
 @pytest.mark.parametrize(("args", "message"), [
     (["generate", "--temperature", "0.7", "hi"], "error: --temperature needs --do-sample"),
     (["generate", "--top-k", "5", "--top-p", "0.9", "hi"], "error: --top-k and --top-p need --do-sample"),
-    (["generate", "--fast", "--weights-first", "hi"], "error: --fast and --weights-first are two different"),
+    (["generate", "--path", "fast", "--device", "cuda", "hi"], "error: --path fast is a choice of CPU kernels"),
+    (["bench", "--fast", "--path", "weights-first"], "error: --fast compares the eager model with the fast path"),
+    (["bench", "--path", "fast"], "error: --path fast: transformers' assisted generation"),
     (["generate", "--target", "zoo:target", "--draft", "zoo:draft", "  "], "error: the prompt is empty"),
     (["bench", "--fast", "--plot", "x.png"], "error: --fast compares eager and fast at fixed k"),
 ])

@@ -286,12 +286,12 @@ def test_the_shipped_head_drafts_a_tree_on_the_fast_path():
 
 
 def test_the_shipped_head_drafts_for_weights_first_smollm2(real_pair):
-    """`bench --weights-first`'s pair: SmolLM2 and the head on weights-first linear layers give
+    """`bench --path weights-first`'s pair: SmolLM2 and the head on weights-first linear layers give
     the stock SmolLM2's greedy tokens, with EOS and from a one-token prompt."""
     from specdec_ref.bench import load_pair
     from specdec_ref.kernels.weights_first import is_weights_first
 
-    pair = load_pair("zoo:smollm2", "zoo:smollm2-eagle", weights_first=True)
+    pair = load_pair("zoo:smollm2", "zoo:smollm2-eagle", path="weights-first")
     assert is_weights_first(pair.target) and is_weights_first(pair.draft.head)
     stock, tokenizer = real_pair[0], real_pair[2]
     ids = tokenizer(heldout_prompts(tokenizer, per_kind=1)["code"][0], return_tensors="pt").input_ids

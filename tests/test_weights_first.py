@@ -123,5 +123,5 @@ def test_bench_refuses_weights_first_off_the_cpu(capsys):
     from specdec_ref.__main__ import main
 
     with pytest.raises(SystemExit) as exit_info:
-        main(["bench", "--weights-first", "--device", "cuda"])
-    assert "--weights-first is a choice of CPU kernel" in str(exit_info.value)
+        main(["bench", "--path", "weights-first", "--device", "cuda"])
+    assert "--path weights-first is a choice of CPU kernels" in str(exit_info.value)
