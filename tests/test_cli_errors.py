@@ -131,8 +131,9 @@ def test_generate_streams_the_targets_greedy_text_then_the_health_check():
     ids = tokenizer(text, return_tensors="pt").input_ids
     greedy = autoregressive_generate(target, ids, max_new_tokens=16).sequences[0, ids.shape[1]:]
     assert result.stdout == tokenizer.decode(greedy, skip_special_tokens=True) + "\n"
-    health = result.stderr.strip()
-    assert "\n" not in health and health.startswith("health check: "), result.stderr
+    path, health = result.stderr.strip().split("\n")  # which way it ran, then the run's health
+    assert path.startswith("path: ") and "measured at load" in path, result.stderr
+    assert health.startswith("health check: "), result.stderr
     for part in ("tokens per target pass", "acceptance rate", "acceptance probability", "tokens/s",
                  "the target alone", "the draft "):
         assert part in health, part
