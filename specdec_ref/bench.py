@@ -60,7 +60,7 @@ class Pair:
     @property
     def prompt_lookup(self) -> bool:
         """Whether transformers' own prompt lookup decoding is the method to compare with."""
-        return isinstance(self.drafter, PromptLookupDrafter)
+        return isinstance(self.draft, PromptLookupDrafter)
 
     @property
     def draft_model(self) -> torch.nn.Module | None:
@@ -69,8 +69,10 @@ class Pair:
 
     @property
     def tokenizer_kwargs(self) -> dict:
-        """What speculative_generate needs for this pair's draft model (the tokenizers only on the UAG path)."""
-        if not self.cross_tokenizer:
+        """What speculative_generate needs for this pair's draft model: the tokenizers on the UAG path, and
+        where a same-tokenizer draft's vocabulary is padded (as_drafter then cuts its logits); else none."""
+        padded = self.draft_model is not None and self.draft.config.vocab_size != self.target.config.vocab_size
+        if not (self.cross_tokenizer or padded):
             return {}
         return {"target_tokenizer": self.target_tokenizer, "draft_tokenizer": self.draft_tokenizer}
 

@@ -214,3 +214,17 @@ def test_sampled_runs_repeat_with_the_same_seed(saved_models):
     assert accepted[0] == accepted[1]  # same seed, same draws
     with pytest.raises(ValueError, match="temperature must be > 0"):
         bench.run(pair, PROMPTS[:1], ks=[2], temperature=0.0)
+
+
+def test_a_padded_draft_runs_natively_and_transformers_says_why_it_will_not(saved_models):
+    """A draft whose embedding has spare rows shares the target's tokenizer: our loop cuts its logits
+    and drafts natively; transformers decides by vocabulary size and asks for the tokenizers."""
+    pair = bench.load_pair(saved_models["target"], saved_models["draft"])
+    pair.draft.resize_token_embeddings(pair.draft.config.vocab_size + 8, mean_resizing=False)
+    pair = bench.Pair(pair.target, pair.draft, pair.target_tokenizer, pair.draft_tokenizer)
+    assert not pair.cross_tokenizer and not pair.prompt_lookup
+    assert type(pair.drafter).__name__ == "ModelDrafter"
+    assert pair.drafter.vocab_size == pair.target.config.vocab_size
+    ids = pair.target_tokenizer(PROMPTS[0], return_tensors="pt").input_ids
+    with pytest.raises(ValueError, match="assistant_tokenizer"):
+        bench.hf_assisted_generate(pair, ids, k=2, max_new_tokens=4)
