@@ -31,13 +31,17 @@ SMALLER = {
                                     ("TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 20", "TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 10")],
     "04_why_it_is_exact": [("N_PROMPTS, GREEDY_TOKENS, KS = 12, 48,", "N_PROMPTS, GREEDY_TOKENS, KS = 6, 48,"),
                            ("GENERATE_RUNS = 500 ", "GENERATE_RUNS = 250 ")],
-    "05_acceptance_k_speedup": [("NEW_TOKENS, N_PROMPTS = 48, 3", "NEW_TOKENS, N_PROMPTS = 32, 3")],
-    "06_tokenizers_uag": [("NEW_TOKENS, K, N_PROMPTS = 48, 4, 3", "NEW_TOKENS, K, N_PROMPTS = 32, 4, 3")],
-    "07_prompt_lookup_and_family": [("NEW_TOKENS, K, PER_GROUP = 64, 3, 3", "NEW_TOKENS, K, PER_GROUP = 32, 3, 1"),
+    "05_acceptance_k_speedup": [("NEW_TOKENS, N_PROMPTS = 48, 3", "NEW_TOKENS, N_PROMPTS = 32, 2"),
+                                ("TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 20", "TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 10")],
+    "06_tokenizers_uag": [("NEW_TOKENS, K, N_PROMPTS = 48, 4, 3", "NEW_TOKENS, K, N_PROMPTS = 24, 4, 3"),
+                          ("TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 20", "TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 10")],
+    "07_prompt_lookup_and_family": [("NEW_TOKENS, K, PER_GROUP = 64, 3, 3", "NEW_TOKENS, K, PER_GROUP = 16, 3, 1"),
                                     ("REAL_TOKENS, REAL_K, PER_KIND = 64, 2, 2",
-                                     "REAL_TOKENS, REAL_K, PER_KIND = 32, 2, 1")],
+                                     "REAL_TOKENS, REAL_K, PER_KIND = 16, 2, 1"),
+                                    ("TIMING_PAIRS, MAX_TIMING_PAIRS = 6, 12", "TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 5")],
     "08_serving_with_vllm": [("NEW_TOKENS, N_PROMPTS, CONCURRENCY = 64, 6, (1, 2, 4, 8)",
-                              "NEW_TOKENS, N_PROMPTS, CONCURRENCY = 32, 3, (1, 4)")],
+                              "NEW_TOKENS, N_PROMPTS, CONCURRENCY = 16, 3, (1, 2)"),
+                             ("TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 20", "TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 10")],
 }
 
 
