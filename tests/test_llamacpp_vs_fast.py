@@ -145,7 +145,7 @@ def test_every_method_leads_in_turn():
     orders = [bench.rotation(methods, i) for i in range(len(methods))]
     assert [order[0] for order in orders] == methods
     assert all(sorted(order) == sorted(methods) for order in orders)
-    assert bench.PLAIN == {"llama.cpp": "llama.cpp", "fast": "fast"}
+    assert bench.PLAIN == {"llama.cpp": "llama.cpp", "fast": "fast", "compiled": "compiled"}
 
 
 def test_report_shows_every_method():
@@ -237,3 +237,12 @@ def test_the_recorded_run_reads_without_llama_cpp():
         plain = record["outputs"][bench.PLAIN[row["engine"]]]
         assert bench.count_equal(record["outputs"][method], plain) == row["identical_to_own_plain"]
     assert len(bench.report(record)) == 6 + len(bench.METHODS)
+
+
+def test_no_compile_leaves_out_the_compiled_engine_only():
+    parser = bench.build_parser()  # parse_args would also ask for .venv-llamacpp
+    assert parser.parse_args(["--no-compile"]).no_compile and not parser.parse_args([]).no_compile
+    assert bench.methods_run(compiled=True) == list(bench.METHODS)
+    without = bench.methods_run(compiled=False)
+    assert without == [m for m in bench.METHODS if bench.METHODS[m][0] != "compiled"]
+    assert {bench.METHODS[m][0] for m in without} == {"llama.cpp", "fast"}
