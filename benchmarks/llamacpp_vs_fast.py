@@ -142,22 +142,14 @@ def venv_problem(venv: Path) -> str | None:
 
 # ---------------------------------------------------------------- the figures
 
-def quartiles(values: list[float]) -> tuple[float, float, float]:
-    """(first quartile, median, third quartile); one value is all three."""
-    if not values:
-        raise ValueError("no values")
-    if len(values) == 1:
-        return values[0], values[0], values[0]
-    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return q1, q2, q3
-
-
 def summarize(rates: dict[str, list[float]], bytes_per_token: dict[str, float], dram: float,
               reference: str = REFERENCE, plain: dict[str, str] | None = None) -> dict[str, dict]:
     """Per method, from tokens/s per prompt (``rates``, prompts in the same order for every method):
     the median and quartiles, the median of per-prompt ratios to ``reference`` and to the method's own
     engine's plain method (``plain``: method -> its plain method), and the bandwidth share
     ``bytes_per_token[method] * median tokens/s / dram``."""
+    from specdec_ref.timing import quartiles  # the course's one quartile rule (torch loads only here)
+
     plain = plain if plain is not None else {m: PLAIN[METHODS[m][0]] for m in rates}
     if dram <= 0:
         raise ValueError(f"the DRAM bandwidth must be positive, got {dram}")
@@ -166,7 +158,7 @@ def summarize(rates: dict[str, list[float]], bytes_per_token: dict[str, float], 
         raise ValueError(f"every method needs the same, non-zero number of prompts, got {sorted(lengths)}")
     out = {}
     for method, tps in rates.items():
-        q1, median, q3 = quartiles(tps)
+        (q1, q3), median = quartiles(tps), statistics.median(tps)
         to_ref = [a / b for a, b in zip(tps, rates[reference])]
         to_plain = [a / b for a, b in zip(tps, rates[plain[method]])]
         out[method] = {
