@@ -4,7 +4,7 @@ The lessons import this package; it is the very code they teach.
 """
 from .baseline import autoregressive_generate
 from .drafters import Drafter, ModelDrafter, Proposal
-from .eagle import EagleDrafter
+from .eagle import DraftTree, EagleDrafter
 from .ngram import PromptLookupDrafter
 from .sampling import Sampler
 from .speculative import accept_greedy, accept_sampled, speculative_generate, speculative_step
@@ -14,6 +14,7 @@ from .uag import CrossTokenizerDrafter
 
 __all__ = [
     "CrossTokenizerDrafter",
+    "DraftTree",
     "Drafter",
     "EagleDrafter",
     "GenerationOutput",

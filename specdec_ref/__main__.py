@@ -313,10 +313,15 @@ def demo(args: argparse.Namespace) -> None:
     print(f"acceptance rate {drafts.acceptance_rate:.3f} (accepted / drafted), acceptance probability "
           f"a = {drafts.acceptance_probability:.3f} (accepted / judged), tokens per target pass "
           f"{drafts.tokens_per_target_pass:.2f}")
-    print(f"predicted speedup {result.predicted_speedup:.2f}x from a={drafts.acceptance_probability:.2f}, "
-          f"c={costs.cost_ratio:.3f}, verify cost v({args.k})={costs.verify_costs[args.k]:.2f}; "
-          f"{result.predicted_speedup_from_tau:.2f}x from the measured tokens per pass; "
-          f"measured {spec.speedup:.2f}x")
+    if result.predicted_speedup is None:  # a tree of drafts: only its measured tau feeds the model
+        print(f"predicted speedup {result.predicted_speedup_from_tau:.2f}x from the measured tokens per pass, "
+              f"c={costs.cost_ratio:.3f} and the verify cost of the tree's mean "
+              f"{drafts.drafted_per_iteration:.1f} drafts; measured {spec.speedup:.2f}x")
+    else:
+        print(f"predicted speedup {result.predicted_speedup:.2f}x from a={drafts.acceptance_probability:.2f}, "
+              f"c={costs.cost_ratio:.3f}, verify cost v({args.k})={costs.verify_costs[args.k]:.2f}; "
+              f"{result.predicted_speedup_from_tau:.2f}x from the measured tokens per pass; "
+              f"measured {spec.speedup:.2f}x")
     print(f"reading of the measured speedup: {_reading(result.speed_check)}")
     identical = all(method.identical_outputs for method in result.methods.values())  # greedy: never None
     print(f"outputs identical to the target's greedy decoding: {'yes' if identical else 'NO'}")
@@ -361,8 +366,11 @@ def run_bench(args: argparse.Namespace) -> None:
         raise CommandError("--fast compares eager and fast at fixed k; it draws no plot and takes no --min-confidence")
     _check_zoo_names(args.target, args.draft)
     path, reason = _bench_path(args)
-    pair = bench.load_pair(args.target, args.draft, device=args.device, dtype=DTYPES[args.dtype], path=path)
+    pair = bench.load_pair(args.target, args.draft, device=args.device, dtype=DTYPES[args.dtype], path=path,
+                           eagle_tree=not args.eagle_chain)
     print(f"path: {reason or pair.path_reason}")
+    if pair.draft_note:
+        print(f"draft: {pair.draft_note}")
     if pair.draft_model is None and not pair.prompt_lookup and not args.no_hf:
         print(f"{args.draft} drafts from the target's features; transformers has no such drafter, so its "
               "assisted generation is left out (as with --no-hf)")
@@ -395,7 +403,8 @@ def run_bench(args: argparse.Namespace) -> None:
     for c in summary.configs:
         spec, drafts = c.speculative, c.drafts
         hf = f"  hf {c.methods['hf_assisted'].speedup:.2f}x" if "hf_assisted" in c.methods else ""
-        print(f"k={c.k:2d}  speedup {spec.speedup:.2f}x (predicted {c.predicted_speedup:.2f}x, "
+        from_a = "" if c.predicted_speedup is None else f"{c.predicted_speedup:.2f}x, "
+        print(f"k={c.k:2d}  speedup {spec.speedup:.2f}x (predicted {from_a}"
               f"{c.predicted_speedup_from_tau:.2f}x from tau; {_reading(c.speed_check)})"
               f"{hf}  acceptance {drafts.acceptance_rate:.3f} (a {drafts.acceptance_probability:.3f})  "
               f"tau {drafts.tokens_per_target_pass:.2f}"
@@ -491,8 +500,11 @@ def run_generate(args: argparse.Namespace) -> None:
         raise CommandError(f"--chat: the tokenizer of {args.target} has no chat template"
                            + ("; zoo:target-chat is zoo:target with one" if args.target == "zoo:target" else ""))
 
-    pair = bench.load_pair(args.target, args.draft, device=args.device, dtype=DTYPES[args.dtype], path=args.path)
+    pair = bench.load_pair(args.target, args.draft, device=args.device, dtype=DTYPES[args.dtype], path=args.path,
+                           eagle_tree=not args.eagle_chain)
     print(f"path: {pair.path_reason}", file=sys.stderr)
+    if pair.draft_note:
+        print(f"draft: {pair.draft_note}", file=sys.stderr)
     target, drafter = pair.target, pair.drafter
     tokenizer = pair.target_tokenizer
     if args.chat:
@@ -549,6 +561,8 @@ PATH_HELP = ("how both models run: auto (default) times a decode step and a veri
              "and keeps the quickest; eager is PyTorch's stock layers (what the lessons teach first); weights-first "
              "computes few-row layers as W @ x^T (specdec_ref.kernels.weights_first); fast reads GGUF codes or bf16 "
              "copies as stored (specdec_ref.kernels.fast). The baseline runs the same way")
+EAGLE_CHAIN_HELP = ("an EAGLE head drafts a chain of k tokens instead of a dynamic tree of depth k (the default, "
+                    "EAGLE-2: its size chosen from the costs measured at load on the path)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -607,6 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true",
                    help="with --fast: the fast path also compiles the models with torch.compile (instead of prepacking)")
     p.add_argument("--path", choices=PATH_CHOICES, default="auto", help=PATH_HELP)
+    p.add_argument("--eagle-chain", action="store_true", help=EAGLE_CHAIN_HELP)
     p.set_defaults(func=run_bench)
 
     p = sub.add_parser("generate", help="stream one speculative generation, then its health check",
@@ -636,6 +651,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--path", choices=PATH_CHOICES, default="auto", help=PATH_HELP)
     p.add_argument("--no-baseline", action="store_true",
                    help="do not time the target alone afterwards (the health check then says nothing of speed-up)")
+    p.add_argument("--eagle-chain", action="store_true", help=EAGLE_CHAIN_HELP)
     p.set_defaults(func=run_generate)
 
     p = sub.add_parser("roofline", help="bandwidth lower bounds per token for a model size")

@@ -23,7 +23,7 @@ from .kernels import fast
 from .baseline import autoregressive_generate
 from .costs import Costs, measure_costs
 from .drafters import DrafterBase
-from .eagle import EagleDrafter
+from .eagle import TREE_SIZES, DraftTree, EagleDrafter, measured_tree
 from .ngram import PromptLookupDrafter
 from .paired import SpeedCheck, check_speed, in_run_costs, time_rotated
 from .inputs import clock
@@ -45,6 +45,7 @@ class Pair:
     draft_tokenizer: object | None
     path: str = "eager"  # how both models run (specdec_ref.kernels.choice.PATHS)
     path_reason: str = "the stock model, as asked"  # why, in one line
+    draft_note: str = ""  # how the drafter drafts, in one line, where there is a choice (an EAGLE head's shape)
     cross_tokenizer: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -78,12 +79,15 @@ class Pair:
 
 
 def load_pair(target: str, draft: str, device: str = "cpu", dtype: torch.dtype = torch.float32,
-              path: str = "eager") -> Pair:
+              path: str = "eager", eagle_tree: bool = True) -> Pair:
     """Load a pair by zoo name (``zoo:target``), local path or Hub id; ``draft="ngram"`` is prompt
     lookup; an EAGLE head (``zoo:smollm2-eagle`` or its folder) drafts from the target's features.
     ``path``: how both models run, one of :data:`specdec_ref.kernels.choice.PATHS` ("eager",
     "weights-first", "fast"), or "auto" for the quickest on this machine, measured at load
-    (:func:`specdec_ref.kernels.choice.fastest_path`); the draft runs the way its target does."""
+    (:func:`specdec_ref.kernels.choice.fastest_path`); the draft runs the way its target does.
+    ``eagle_tree``: an EAGLE head drafts a dynamic tree (EAGLE-2) sized from the draft and
+    verification costs measured at load on the chosen path (:func:`specdec_ref.eagle.measured_tree`);
+    False: a chain."""
     from . import zoo
     from .kernels.choice import PATHS, fastest_path, on_path
 
@@ -99,7 +103,17 @@ def load_pair(target: str, draft: str, device: str = "cpu", dtype: torch.dtype =
         return Pair(target_model, PromptLookupDrafter(), target_tokenizer, None, path, reason)
     if zoo.is_eagle_head(draft):
         head, vocab = zoo.load_eagle(draft, dtype=dtype, device=device)
-        return Pair(target_model, EagleDrafter(head, target_model, vocab), target_tokenizer, None, path, reason)
+        if not eagle_tree:
+            return Pair(target_model, EagleDrafter(head, target_model, vocab), target_tokenizer, None, path, reason,
+                        "the EAGLE head drafts a chain, as asked")
+        tree = measured_tree(target_model, head, vocab)
+        note = (f"the EAGLE head drafts a dynamic tree (EAGLE-2): each depth grows the best {tree.top_k} nodes' best "
+                f"{tree.top_k} tokens; the nodes verified per pass (at most {tree.max_nodes}) are chosen from the "
+                f"costs measured at load on this path, c = {tree.draft_cost:.3f}, v(n) = "
+                + ", ".join(f"{v:.2f}" for v in tree.verify_costs.values())
+                + f" for n = {', '.join(map(str, tree.verify_costs))}")
+        return Pair(target_model, EagleDrafter(head, target_model, vocab, tree=tree), target_tokenizer, None, path,
+                    reason, note)
     draft_model, draft_tokenizer = zoo.load(draft, dtype=dtype, device=device)
     return Pair(target_model, like(draft_model, target_model), target_tokenizer, draft_tokenizer, path, reason)
 
@@ -190,11 +204,13 @@ class KResult:
     drafts: DraftFigures  # the speculative loop's
     dynamic_drafts: DraftFigures | None  # speculative_dynamic's, when run
     speed_check: SpeedCheck  # the speculative speedup read against the cost model (paired.check_speed)
-    predicted_speedup: float  # from a, and the cost model's c and v(k)
-    predicted_speedup_from_tau: float  # from tau, and the cost model's c and v(k)
+    # from a, and the cost model's c and v(k); None for a tree of drafts, whose tokens per pass the
+    # chain's formula in a does not give
+    predicted_speedup: float | None
+    predicted_speedup_from_tau: float  # from tau, and the cost model's c and v (a tree's: v at its mean size)
     in_run_cost_ratio: float  # c as these runs paid it (paired.in_run_costs)
     in_run_verify_cost: float  # v as these runs paid it
-    predicted_speedup_in_run: float  # from a, and the c and v these runs paid
+    predicted_speedup_in_run: float | None  # from a, and the c and v these runs paid (None for a tree)
     bandwidth_achieved: float  # bytes/s of target and draft weights read by the speculative loop, median over prompts
     time_split_seconds: dict[str, float]  # the speculative loop's median prefill, draft, verify, bookkeeping seconds
 
@@ -298,7 +314,9 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
         bar.set_postfix(baseline_tok_s=f"{max_new_tokens / baseline[-1]['seconds']:.0f}")
 
     context = int(statistics.median(ids.shape[1] for ids in encoded)) + max_new_tokens // 2
-    costs = measure_costs(pair.target, pair.drafter, context, ks)  # c = 0 for a drafter that runs no model
+    # c = 0 for a drafter that runs no model; a tree verifies more than k drafts: v over its sizes too
+    tree = getattr(pair.drafter, "tree", None)
+    costs = measure_costs(pair.target, pair.drafter, context, sorted(set(ks) | set(TREE_SIZES if tree else ())))
     target_bytes = roofline.weight_bytes(pair.target)
     draft_bytes = pair.drafter.weight_bytes
     base_tps = [max_new_tokens / r["seconds"] for r in baseline]
@@ -319,6 +337,9 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
         # c and v as these very runs paid them (in their baselines' decode step): no drift between
         # the runs and a separate measurement, and the contexts the loop really had
         c_run, v_run = in_run_costs([b["stats"] for b in baseline], stats)
+        # a tree's pass verifies its nodes, on average drafted_per_iteration of them
+        verify = costs.verify_costs[k] if tree is None else DraftTree(
+            verify_costs=costs.verify_costs).verify_cost(drafts.drafted_per_iteration)
         configs.append(KResult(
             k=k,
             methods={name: _method_result(baseline, method_runs, max_new_tokens, greedy=temperature is None)
@@ -326,15 +347,15 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
             drafts=drafts,
             dynamic_drafts=DraftFigures.of([r["stats"] for r in dynamic]) if dynamic else None,
             speed_check=check_speed([b["seconds"] / r["seconds"] for b, r in zip(baseline, speculative)],
-                                    drafts.tokens_per_target_pass, verify_cost=costs.verify_costs[k]),
-            predicted_speedup=roofline.expected_speedup(drafts.acceptance_probability, k, costs.cost_ratio,
-                                                        costs.verify_costs[k]),
+                                    drafts.tokens_per_target_pass, verify_cost=verify),
+            predicted_speedup=None if tree else roofline.expected_speedup(
+                drafts.acceptance_probability, k, costs.cost_ratio, verify),
             predicted_speedup_from_tau=roofline.speedup_from_tokens_per_pass(
-                drafts.tokens_per_target_pass, drafts.draft_forward_calls_per_iteration, costs.cost_ratio,
-                costs.verify_costs[k]),
+                drafts.tokens_per_target_pass, drafts.draft_forward_calls_per_iteration, costs.cost_ratio, verify),
             in_run_cost_ratio=c_run,
             in_run_verify_cost=v_run,
-            predicted_speedup_in_run=roofline.expected_speedup(drafts.acceptance_probability, k, c_run, v_run),
+            predicted_speedup_in_run=None if tree else roofline.expected_speedup(
+                drafts.acceptance_probability, k, c_run, v_run),
             bandwidth_achieved=statistics.median(
                 roofline.bandwidth_achieved(target_bytes, s.target_forward_calls, r["seconds"])
                 + roofline.bandwidth_achieved(draft_bytes, s.draft_forward_calls, r["seconds"])
@@ -555,7 +576,8 @@ def plot(summary: BenchResult, path: str) -> None:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     left.plot(ks, measured("speculative"), "o-", label="specdec_ref (measured)")
-    left.plot(ks, [c.predicted_speedup for c in configs], "s--", label="predicted from measured a, c, v(k)")
+    if all(c.predicted_speedup is not None for c in configs):
+        left.plot(ks, [c.predicted_speedup for c in configs], "s--", label="predicted from measured a, c, v(k)")
     left.plot(ks, [c.predicted_speedup_from_tau for c in configs], "d:", label="predicted from measured tau, c, v(k)")
     if summary.min_draft_confidence is not None:
         left.plot(ks, measured("speculative_dynamic"), "v-",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -140,23 +141,26 @@ class EagleHead(nn.Module):
         self.layers = nn.ModuleList([Layer(config)])
 
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-                past: tuple[torch.Tensor, torch.Tensor] | None = None,
+                past: tuple[torch.Tensor, torch.Tensor] | None = None, mask: torch.Tensor | None = None,
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """Predicted next features [B, T, d] for inputs at ``positions`` (consecutive, after
-        ``past``'s), and this call's keys and values for the caller's cache."""
-        return self.predict(torch.cat([embeds, features], dim=-1), positions, past)
+        """Predicted next features [B, T, d] for inputs at ``positions`` (after ``past``'s), and
+        this call's keys and values for the caller's cache; ``mask`` as in :meth:`predict`."""
+        return self.predict(torch.cat([embeds, features], dim=-1), positions, past, mask)
 
     def predict(self, inputs: torch.Tensor, positions: torch.Tensor,
-                past: tuple[torch.Tensor, torch.Tensor] | None = None,
+                past: tuple[torch.Tensor, torch.Tensor] | None = None, mask: torch.Tensor | None = None,
                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """:meth:`forward` on inputs already concatenated: [B, T, 2d], each row
-        [embedding of x_{t+1}; f_t] (:func:`eagle_inputs`)."""
+        [embedding of x_{t+1}; f_t] (:func:`eagle_inputs`). ``mask``: [T, cached + T] booleans,
+        which keys each input reads (default causal; a draft tree passes each node's branch)."""
         x = self.fc(inputs)
         layer = self.layers[0]
         q, k, v = layer.self_attn.project(x, positions)
         keys = k if past is None else torch.cat([past[0], k], dim=2)
         values = v if past is None else torch.cat([past[1], v], dim=2)
-        return layer(x, q, keys, values, causal_mask(q.shape[2], keys.shape[2], q.device)), (k, v)
+        if mask is None:
+            mask = causal_mask(q.shape[2], keys.shape[2], q.device)
+        return layer(x, q, keys, values, mask), (k, v)
 
     @property
     def num_parameters(self) -> int:
@@ -254,6 +258,86 @@ class DraftHead:
         return self.to_target(logits.topk(min(n, logits.numel())).indices).tolist()
 
 
+@dataclass(frozen=True)
+class DraftTree:
+    """How an :class:`EagleDrafter` grows a dynamic draft tree (EAGLE-2, Li et al. 2024,
+    arXiv:2406.16858) instead of a chain.
+
+    Each depth, the ``top_k`` most probable nodes of the depth before are expanded in one head
+    call, each into its ``top_k`` best tokens; a node's score is the product of the head's
+    probabilities along its branch, the head's estimate that the target accepts the whole
+    branch. Then the nodes are reranked by score and the best are verified in one target pass.
+    Since a branch's score never exceeds its parent's, the best nodes always include their
+    ancestors.
+
+    How many nodes, from the costs measured on the path (``draft_cost`` c and ``verify_costs``
+    v(n), in one-token target passes, from :func:`specdec_ref.costs.measure_costs`; see
+    :meth:`from_costs`): the n that maximises this iteration's expected tokens per unit of time,
+    (1 + the n best scores summed) / (depth * c + v(n)), up to ``max_nodes``. Without
+    measured costs, ``max_nodes``. How deep: up to the loop's k, and no deeper once the
+    frontier's scores sum to less than c (the most tokens a deeper level could add is worth
+    less than the head step it costs).
+    """
+
+    top_k: int = 4
+    max_nodes: int = 8
+    draft_cost: float = 0.0
+    verify_costs: Mapping[int, float] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.top_k, int) or self.top_k < 1:
+            raise ValueError(f"top_k must be an integer >= 1, got {self.top_k!r}")
+        if not isinstance(self.max_nodes, int) or self.max_nodes < 1:
+            raise ValueError(f"max_nodes must be an integer >= 1, got {self.max_nodes!r}")
+        if self.draft_cost < 0 or any(n < 1 or v <= 0 for n, v in (self.verify_costs or {}).items()):
+            raise ValueError("draft_cost must be >= 0, and verify_costs map node counts >= 1 to costs > 0")
+
+    @classmethod
+    def from_costs(cls, costs, top_k: int = 4) -> DraftTree:
+        """The tree for a path whose c and v(n) were measured (a :class:`specdec_ref.costs.Costs`):
+        at most as many nodes as v was measured for."""
+        return cls(top_k, max(costs.verify_costs), costs.cost_ratio, dict(costs.verify_costs))
+
+    def verify_cost(self, n: int) -> float:
+        """v(n), linear between the measured node counts (v(0) = 1: a plain step)."""
+        known = {0: 1.0, **(self.verify_costs or {})}
+        if n in known:
+            return known[n]
+        below, above = max(m for m in known if m < n), min((m for m in known if m > n), default=None)
+        if above is None:
+            return known[below] * n / below  # past the last measurement: cost grows with the rows
+        share = (n - below) / (above - below)
+        return known[below] + share * (known[above] - known[below])
+
+    def nodes_to_verify(self, scores: list[float], depth: int) -> int:
+        """How many of the best nodes (``scores``: branch probabilities, best first) to verify
+        after drafting ``depth`` levels."""
+        limit = min(self.max_nodes, len(scores))
+        if not self.verify_costs:
+            return limit
+        drafting = depth * self.draft_cost
+        rates = [(1 + sum(scores[:n])) / (drafting + self.verify_cost(n)) for n in range(1, limit + 1)]
+        return 1 + max(range(limit), key=rates.__getitem__)
+
+
+#: Node counts whose verification cost :func:`measured_tree` measures: up to 15 drafts, the most a
+#: pass of the fast path's kernels serves (16 rows with the last token).
+TREE_SIZES = (1, 2, 4, 6, 8, 10, 12, 15)
+
+
+def measured_tree(target: nn.Module, head: EagleHead, draft_vocab: torch.LongTensor | None = None,
+                  top_k: int = 4, context: int = 128) -> DraftTree:
+    """The :class:`DraftTree` for ``head`` drafting for ``target`` as it runs now (eager, fast or
+    weights-first): c and v(n) for n in :data:`TREE_SIZES` measured on a ``context``-token cache
+    (seconds: a few rounds of paired passes, :func:`specdec_ref.costs.measure_costs`)."""
+    from .costs import measure_costs  # costs drafts through the drafters: imported when needed
+
+    sizes = [n for n in TREE_SIZES if context + n + 1 <= (getattr(target.config, "max_position_embeddings", None)
+                                                          or context + n + 1)]
+    costs = measure_costs(target, EagleDrafter(head, target, draft_vocab), context, sizes, rounds=5)
+    return DraftTree.from_costs(costs, top_k)
+
+
 class EagleDrafter(DrafterBase):
     """Drafts with an :class:`EagleHead` on the target's features (see the module docstring).
 
@@ -267,6 +351,9 @@ class EagleDrafter(DrafterBase):
     adds: on held-out continuations ``zoo:smollm2-eagle``'s best two tokens hold SmolLM2's next
     one 0.70 / 0.81 / 0.63 of the time (prose / code / chat), its best 0.54 / 0.71 / 0.50.
 
+    ``tree``: grow a dynamic tree of drafts (:class:`DraftTree`, EAGLE-2) instead of a chain,
+    greedy or sampling (the verifier judges each node's children in turn, exactly).
+
     The head keeps its own cache: entry i was computed from (x_{i+1}, f_i). Entries from
     the target's features are kept; those from predicted features (the drafts) are rolled
     back after each verification and recomputed from the target's real features.
@@ -275,13 +362,17 @@ class EagleDrafter(DrafterBase):
     reads_target_features = True
 
     def __init__(self, head: EagleHead, target: nn.Module, draft_vocab: torch.LongTensor | None = None,
-                 min_confidence: float | None = None, first_candidates: int = 1) -> None:
+                 min_confidence: float | None = None, first_candidates: int = 1,
+                 tree: DraftTree | None = None) -> None:
         if not isinstance(head, EagleHead):
             raise TypeError(f"EagleDrafter drafts with an EagleHead (zoo.load_eagle gives one), got {type(head).__name__}")
         check_min_confidence(min_confidence)
         check_head_fits(head, draft_vocab, target)
         if not isinstance(first_candidates, int) or first_candidates < 1:
             raise ValueError(f"first_candidates must be an integer >= 1, got {first_candidates!r}")
+        if tree is not None and (first_candidates > 1 or min_confidence is not None):
+            raise ValueError("a DraftTree chooses the draft's shape itself: give tree, or first_candidates and "
+                             "min_confidence, not both")
         self.target = target
         self.embed = target.get_input_embeddings()
         self.lm_head, self.draft_vocab = lm_head_rows(target, draft_vocab)
@@ -290,6 +381,7 @@ class EagleDrafter(DrafterBase):
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
         self.min_confidence = min_confidence
         self.first_candidates = first_candidates
+        self.tree = tree
         self.start(torch.zeros(1, dtype=torch.long), 0)
 
     def check_target(self, target: nn.Module) -> None:
@@ -322,8 +414,14 @@ class EagleDrafter(DrafterBase):
         return step
 
     def for_target(self, target: nn.Module) -> EagleDrafter:
-        """The same head drafting for another version of its target (the fast one of :func:`specdec_ref.kernels.fast.prepare`)."""
-        return EagleDrafter(self.head, target, self.draft_vocab, self.min_confidence, self.first_candidates)
+        """The same head drafting for another version of its target (the fast one of
+        :func:`specdec_ref.kernels.fast.prepare`); a tree sized from measured costs is sized again
+        from that version's (:func:`measured_tree`)."""
+        tree = self.tree
+        if tree is not None and tree.verify_costs is not None and target is not self.target:
+            # costs measured for one form of the target say nothing about another's: measure again
+            tree = measured_tree(target, self.head, self.draft_vocab, tree.top_k)
+        return EagleDrafter(self.head, target, self.draft_vocab, self.min_confidence, self.first_candidates, tree)
 
     def start(self, prompt: torch.LongTensor, max_new_tokens: int) -> None:
         if max_new_tokens:
@@ -352,6 +450,8 @@ class EagleDrafter(DrafterBase):
         self.features = []
         ids = tokens[self.cached + 1:].to(self.embed.weight.device)
         features = pending.to(dtype)[None]
+        if self.tree is not None:
+            return self.grow_tree(ids, features, max_tokens, tokens.device)
         position = self.cached
         drafts, probs, siblings = [], [], []
         for step in range(max_tokens):
@@ -381,6 +481,68 @@ class EagleDrafter(DrafterBase):
             parents = torch.cat([torch.arange(-1, len(drafts) - 1), torch.full((len(siblings),), -1)])
             return Proposal(torch.cat([chain, siblings]).to(tokens.device), parents=parents, forward_calls=len(drafts))
         return Proposal(chain.to(tokens.device), torch.stack(probs) if probs else None, forward_calls=len(drafts))
+
+    def run_head(self, ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The head on ``ids`` [m] with the ``features`` [1, m, d] before them, keys and values
+        appended to its cache; returns the predicted features [m, d]."""
+        past = None if self.keys is None else (self.keys, self.values)
+        predicted, (k, v) = self.head(self.embed(ids)[None].to(features.dtype), features, positions, past, mask)
+        self.keys = k if past is None else torch.cat([self.keys, k], 2)
+        self.values = v if past is None else torch.cat([self.values, v], 2)
+        return predicted[0]
+
+    def grow_tree(self, ids: torch.Tensor, features: torch.Tensor, max_depth: int, device: torch.device) -> Proposal:
+        """EAGLE-2's dynamic tree (:class:`DraftTree`) after the head has read ``ids`` and the
+        real ``features`` [1, m, d] before them: expand the best nodes of each depth in one head
+        call, then keep the best nodes by branch probability."""
+        tree, real = self.tree, self.cached
+        predicted = self.run_head(ids, features, torch.arange(real, real + ids.numel(), device=features.device))
+        self.cached = real = real + ids.numel()
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []   # log of the branch probability
+        depths: list[int] = []
+        entry: dict[int, int] = {}  # expanded node -> its row in the head's cache
+        frontier, frontier_features = [-1], predicted[-1:]  # -1: the last token
+        depth = 0
+        while True:
+            depth += 1
+            log_probs = torch.log_softmax(self.lm_head(frontier_features).float(), -1)
+            best = log_probs.topk(min(tree.top_k, log_probs.shape[-1]), dim=-1)
+            first_new = len(tokens)
+            for row, node in enumerate(frontier):
+                base = scores[node] if node >= 0 else 0.0
+                tokens += self.to_target(best.indices[row]).tolist()
+                scores += (base + best.values[row]).tolist()
+                parents += [node] * best.indices.shape[1]
+                depths += [depth] * best.indices.shape[1]
+            new = sorted(range(first_new, len(tokens)), key=scores.__getitem__, reverse=True)[: tree.top_k]
+            if depth == max_depth or sum(math.exp(scores[n]) for n in new) < tree.draft_cost:
+                break
+            # Expand the best new nodes at once: each reads the real entries, its ancestors' and itself.
+            cached = self.keys.shape[2]
+            mask = torch.zeros(len(new), cached + len(new), dtype=torch.bool, device=features.device)
+            mask[:, :real] = True
+            for row, node in enumerate(new):
+                mask[row, cached + row] = True
+                ancestor = parents[node]
+                while ancestor >= 0:
+                    mask[row, entry[ancestor]] = True
+                    ancestor = parents[ancestor]
+            inputs = frontier_features[[frontier.index(parents[n]) for n in new]]  # what predicted each
+            positions = torch.full((len(new),), real + depth - 1, device=features.device)
+            frontier_features = self.run_head(torch.tensor([tokens[n] for n in new], device=ids.device),
+                                              inputs[None], positions, mask)
+            entry.update({node: cached + row for row, node in enumerate(new)})
+            frontier = new
+        ranked = sorted(range(len(tokens)), key=lambda n: (-scores[n], depths[n]))  # ties: ancestors first
+        chosen = ranked[: tree.nodes_to_verify([math.exp(scores[n]) for n in ranked], depth)]
+        chosen.sort(key=lambda n: (depths[n], n))  # parents before children
+        index = {node: i for i, node in enumerate(chosen)}
+        return Proposal(torch.tensor([tokens[n] for n in chosen], device=device),
+                        parents=torch.tensor([index[parents[n]] if parents[n] >= 0 else -1 for n in chosen]),
+                        forward_calls=depth)
 
     def choose(self, logits: torch.Tensor, sampler: Sampler) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The draft token (a target id) and, when sampling, q over the full target vocabulary."""

@@ -160,6 +160,35 @@ def accept_greedy_tree(logits: torch.Tensor, drafts: torch.LongTensor, parents: 
     return path, int(target_tokens[path[-1] + 1 if path else 0])
 
 
+def accept_sampled_tree(p: torch.Tensor, drafts: torch.LongTensor, parents: list[int],
+                        sampler: Sampler) -> tuple[list[int], int]:
+    """Exact rejection sampling down a tree of deterministic drafts (SpecInfer's multi-candidate
+    rule with one-hot q). At each node, starting at the last token, its children are judged in
+    turn: a child's token x is accepted with probability p(x) / (mass of p left), and a rejected
+    token is taken out of p, so the next sibling is judged against the rest. An accepted child
+    becomes the node; when none is, the target's token is sampled from what is left of p (all of
+    p after a leaf). Each step is rejection sampling with q = one-hot(x), so the token it yields
+    follows p exactly. ``p``: [n + 1, V] warped target probabilities (row 0 the last token's, row
+    i + 1 node i's). Returns the accepted nodes, root to tip, and the target's token after them."""
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(parents):
+        children.setdefault(parent, []).append(node)
+    tokens = drafts.tolist()
+    path, node = [], -1
+    while True:
+        left = p[node + 1].clone()
+        for child in children.get(node, []):
+            uniform = torch.rand((), generator=sampler.generator, device=p.device)
+            if uniform * left.sum() < left[tokens[child]]:
+                path.append(child)
+                node = child
+                break
+            left[tokens[child]] = 0.0
+        else:  # no child accepted (or a leaf): the target's own token from what is left
+            left = torch.where(left.sum() > 0, left, p[node + 1])  # rounding can empty it
+            return path, int(sampler.sample(left / left.sum()))
+
+
 @dataclass
 class Verdict:
     """What one verification pass decided: the drafts kept (in order), the target's own token
@@ -197,15 +226,17 @@ def verify_chain(target: torch.nn.Module, cache, tokens: torch.LongTensor, lengt
 def verify_tree(target: torch.nn.Module, cache, tokens: torch.LongTensor, length: int, proposal: Proposal,
                 sampler: Sampler, features: bool) -> Verdict:
     """One target pass over [last token, the tree's nodes] under a mask that lets each node read
-    only its own branch; keep the longest branch the target agrees with (greedy only), its
-    cache entries moved up to follow the last token."""
-    if not sampler.greedy:
-        raise ValueError("a tree of drafts is verified greedily only; when sampling, propose a chain")
+    only its own branch; keep the branch the target accepts (greedy: the longest it agrees with;
+    sampling: :func:`accept_sampled_tree`), its cache entries moved up to follow the last token.
+    A tree's drafts are deterministic (``proposal.probs`` is not read)."""
     drafts, parents = proposal.tokens.to(tokens.device), proposal.parents.tolist()
     out = target(torch.cat([tokens[length - 1 : length], drafts])[None], past_key_values=cache, use_cache=True,
                  logits_to_keep=drafts.numel() + 1, output_hidden_states=features,
                  **tree_verification_inputs(parents, length - 1, target.dtype, tokens.device))
-    path, next_token = accept_greedy_tree(out.logits[0], drafts, parents)
+    if sampler.greedy:
+        path, next_token = accept_greedy_tree(out.logits[0], drafts, parents)
+    else:
+        path, next_token = accept_sampled_tree(sampler.probs(out.logits[0]), drafts, parents, sampler)
     keep_positions(cache, length, [length + node for node in path])
     rejected = (path[-1] if path else -1) in parents  # the branch stopped where it had children
     return Verdict(drafts[path], torch.tensor(next_token), rejected,

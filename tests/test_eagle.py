@@ -16,7 +16,9 @@ import torch
 
 from factories import build, prompt
 from specdec_ref import Sampler, speculative_generate
-from specdec_ref.eagle import DraftHead, EagleConfig, EagleDrafter, eagle_inputs, init_head, load_head, save_head
+from specdec_ref.costs import Costs
+from specdec_ref.eagle import (DraftHead, DraftTree, EagleConfig, EagleDrafter, eagle_inputs, init_head, load_head,
+                               save_head)
 from specdec_ref.kernels.weights_first import WeightsFirstLinear, is_weights_first, weights_first
 from specdec_ref.recipes import eagle_data, eagle_head
 from test_sampling_exactness import PROMPT, VOCAB, chi_square_pvalue, exact_joint, sample_counts
@@ -68,7 +70,8 @@ class Recording(EagleDrafter):
     def propose(self, tokens, max_tokens, sampler):
         proposal = super().propose(tokens, max_tokens, sampler)
         if self.cached and max_tokens and sampler.greedy:
-            fresh = EagleDrafter(self.head, self.target, self.draft_vocab, first_candidates=self.first_candidates)
+            fresh = EagleDrafter(self.head, self.target, self.draft_vocab, first_candidates=self.first_candidates,
+                                 tree=self.tree)
             fresh.start(tokens, 0)
             fresh.update(tokens, 0, torch.cat(self.received))
             again = fresh.propose(tokens, max_tokens, sampler)
@@ -163,6 +166,119 @@ def test_first_candidates_are_the_heads_next_best_and_only_when_greedy(target_an
         EagleDrafter(head, target, first_candidates=0)
 
 
+@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("prompt_len", [1, 2, 12])
+def test_dynamic_tree_greedy_identity_feature_handoff_and_rollback(target_and_head, k, prompt_len):
+    """EAGLE-2's dynamic tree in the loop: the target's own greedy text, the features of the
+    accepted branch handed over, the head's cache rolled back to its real entries."""
+    target, head, _, sequences = target_and_head
+    ids = sequences[prompt_len][None, :prompt_len]
+    drafter = Recording(head, target, tree=DraftTree(top_k=3, max_nodes=10))
+    out = speculative_generate(target, drafter, ids, max_new_tokens=40, num_draft_tokens=k, eos_token_id=[])
+    assert torch.equal(out.sequences, greedy_reference(target, ids, 40)), f"k={k}, prompt of {prompt_len}"
+    full = target(out.sequences[:, :-1], output_hidden_states=True).hidden_states[-1][0]
+    assert torch.allclose(torch.cat(drafter.received), full, atol=1e-4)
+    stats = out.stats
+    assert stats.target_forward_calls == stats.iterations + (prompt_len > 1)
+    assert stats.draft_forward_calls <= k * stats.iterations  # one head call per depth
+    assert drafter.iterations_checked >= stats.iterations - 2
+    if prompt_len > 1:
+        assert stats.drafted_tokens > stats.draft_forward_calls  # wider than a chain
+    if k > 1 and prompt_len >= 6:
+        assert stats.tokens_per_target_pass > 1.5 and stats.rejections > 0
+
+
+@torch.inference_mode()
+def branch_log_probs(head, target, vocab, ids, features, branch: list[int]) -> list[torch.Tensor]:
+    """The head's log-probabilities over the draft vocabulary after each prefix of ``branch``,
+    drafted as a chain from scratch (one position at a time, causal): what the tree's masked,
+    batched expansion must reproduce for every node."""
+    chain = EagleDrafter(head, target, vocab)
+    chain.start(ids, 8)
+    predicted = chain.run_head(ids[1:], features[None], torch.arange(ids.numel() - 1))[-1:]
+    out = []
+    for position, token in enumerate([None, *branch]):
+        if token is not None:  # the branch's tokens sit after the sequence's last real position
+            predicted = chain.run_head(torch.tensor([token]), predicted[None], torch.tensor([ids.numel() - 2 + position]))
+        out.append(torch.log_softmax(chain.lm_head(predicted[-1]).float(), -1))
+    return out
+
+
+def test_dynamic_tree_nodes_are_the_heads_best_branches(target_and_head):
+    """Each node is among the head's top_k after its own branch (recomputed as a chain from
+    scratch, so the tree's masks and positions are checked); the nodes kept are the most probable
+    branches; a top_k of 1 is the chain; a draft cost above any branch's probability stops at depth 1."""
+    target, head, _, sequences = target_and_head
+    ids = sequences[4][:10]
+    vocab = torch.arange(0, target.config.vocab_size, 2)
+    features = target(ids[None, :-1], output_hidden_states=True).hidden_states[-1][0]
+
+    def propose(k: int, tree: DraftTree | None):
+        drafter = EagleDrafter(head, target, vocab, tree=tree)
+        drafter.start(ids, 8)
+        drafter.update(ids, 0, features)
+        return drafter.propose(ids, k, Sampler())
+
+    chain = propose(4, None)
+    one = propose(4, DraftTree(top_k=1, max_nodes=4))
+    assert torch.equal(one.tokens, chain.tokens) and one.parents.tolist() == [-1, 0, 1, 2] and one.forward_calls == 4
+    wide = propose(4, DraftTree(top_k=3, max_nodes=12))
+    tokens, parents = wide.tokens.tolist(), wide.parents.tolist()
+    assert len(tokens) == 12 and wide.forward_calls == 4
+    assert all(parent < node for node, parent in enumerate(parents))  # parents first
+    scores = []
+    for node in range(len(tokens)):
+        branch = [node]
+        while parents[branch[0]] >= 0:
+            branch.insert(0, parents[branch[0]])
+        assert len(branch) <= 4
+        log_probs = branch_log_probs(head, target, vocab, ids, features, [tokens[n] for n in branch[:-1]])
+        best = vocab[log_probs[-1].topk(3).indices].tolist()
+        assert tokens[node] in best, f"node {node} is not among the head's best 3 after its branch"
+        scores.append(sum(float(lp[int((vocab == tokens[n]).nonzero())]) for lp, n in zip(log_probs, branch)))
+    siblings = {}
+    for node, parent in enumerate(parents):
+        siblings.setdefault(parent, []).append(tokens[node])
+    assert all(len(set(group)) == len(group) for group in siblings.values())
+    depth_one = [tokens[n] for n in range(len(tokens)) if parents[n] == -1]
+    assert set(depth_one) <= set(vocab[branch_log_probs(head, target, vocab, ids, features, [])[0].topk(3).indices].tolist())
+    # Kept: no dropped depth-1 candidate is more probable than the least probable node kept.
+    first = branch_log_probs(head, target, vocab, ids, features, [])[0]
+    dropped = [float(first[i]) for i in first.topk(3).indices if int(vocab[i]) not in depth_one]
+    assert all(score <= min(scores) + 1e-5 for score in dropped)
+    shallow = propose(4, DraftTree(top_k=3, max_nodes=12, draft_cost=2.0))
+    assert shallow.parents.tolist() == [-1, -1, -1] and shallow.forward_calls == 1
+
+
+def test_the_number_of_nodes_follows_the_measured_costs():
+    """n maximises (1 + the n best branch probabilities) / (depth * c + v(n)); v between the
+    measured counts is interpolated."""
+    scores = [0.9, 0.5, 0.2, 0.1, 0.05, 0.05]
+    assert DraftTree(max_nodes=5).nodes_to_verify(scores, 3) == 5  # no costs: as many as allowed
+    flat = DraftTree(max_nodes=8, verify_costs={1: 1.0, 8: 1.0})
+    assert flat.nodes_to_verify(scores, 3) == 6  # a free node always pays
+    steep = DraftTree(max_nodes=8, verify_costs={1: 1.0, 2: 2.0, 4: 4.0, 8: 8.0})
+    assert steep.nodes_to_verify(scores, 1) == 1
+    mild = DraftTree(max_nodes=8, draft_cost=0.2, verify_costs={1: 1.05, 2: 1.1, 4: 1.3, 8: 2.0})
+    # by hand: 2.6 / (0.6 + 1.2) = 1.444 beats 2.4 / 1.7 = 1.412 and 2.7 / 1.9 = 1.421
+    assert mild.nodes_to_verify(scores, 3) == 3
+    assert mild.verify_cost(3) == pytest.approx(1.2) and mild.verify_cost(0) == 1.0
+    assert mild.verify_cost(16) == pytest.approx(4.0)  # past the last measurement: in proportion
+    costs = Costs(64, 0.01, 0.15, (0.1, 0.2), {2: 1.1, 4: 1.2, 16: 1.9}, {})
+    tree = DraftTree.from_costs(costs, top_k=5)
+    assert (tree.top_k, tree.max_nodes, tree.draft_cost, tree.verify_cost(4)) == (5, 16, 0.15, 1.2)
+    with pytest.raises(ValueError, match="top_k must be an integer >= 1"):
+        DraftTree(top_k=0)
+    with pytest.raises(ValueError, match="verify_costs map node counts >= 1 to costs > 0"):
+        DraftTree(verify_costs={0: 1.0})
+
+
+def test_a_tree_excludes_first_candidates_and_min_confidence(target_and_head):
+    target, head, _, _ = target_and_head
+    with pytest.raises(ValueError, match="give tree, or first_candidates and min_confidence, not both"):
+        EagleDrafter(head, target, first_candidates=2, tree=DraftTree())
+
+
 def test_every_acceptance_length_occurs(target_and_head):
     target, head, _, sequences = target_and_head
     hist = torch.zeros(5, dtype=torch.long)
@@ -214,6 +330,23 @@ def test_sampling_is_exact_with_the_head():
     sampler = Sampler(do_sample=True, temperature=0.9, top_k=6)
     drafter = EagleDrafter(head, target, torch.tensor([0, 1, 3, 4, 6]))
     counts = sample_counts(lambda g: speculative_generate(target, drafter, PROMPT, max_new_tokens=2,
+                                                          num_draft_tokens=2, do_sample=True, temperature=0.9,
+                                                          top_k=6, generator=g, eos_token_id=[]))
+    assert chi_square_pvalue(counts, exact_joint(target, sampler)) > 1e-3
+
+
+def test_sampling_down_a_dynamic_tree_is_exact():
+    """Sampling with a tree: each node's children judged in turn (the multi-candidate rule)
+    leaves the first two tokens distributed as the target's (chi-square), with a draft
+    vocabulary so some tokens the target may emit are never drafted."""
+    target = build("llama", 32, 1, seed=10, vocab=VOCAB)
+    head = init_head(EagleConfig.for_target(target.config), seed=3)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    sampler = Sampler(do_sample=True, temperature=0.9, top_k=6)
+    drafter = EagleDrafter(head, target, torch.tensor([0, 1, 3, 4, 6]), tree=DraftTree(top_k=3, max_nodes=6))
+    counts = sample_counts(lambda g: speculative_generate(target, drafter, PROMPT, max_new_tokens=3,
                                                           num_draft_tokens=2, do_sample=True, temperature=0.9,
                                                           top_k=6, generator=g, eos_token_id=[]))
     assert chi_square_pvalue(counts, exact_joint(target, sampler)) > 1e-3

@@ -26,22 +26,22 @@ CELL_TIMEOUT_SECONDS = 300
 # lessons' sentences are printed from what they measure. With SPECDEC_EXECUTED_LESSONS set (an
 # executed copy kept for reading) every lesson runs as a learner runs it. lesson -> (old, new)
 SMALLER = {
-    "01_why_speculative_decoding": [("NEW_TOKENS = 96 ", "NEW_TOKENS = 48 "), ("N_PROMPTS = 5 ", "N_PROMPTS = 3 "),
-                                    ("SMOL_TOKENS, SMOL_PROMPTS = 64, 2", "SMOL_TOKENS, SMOL_PROMPTS = 32, 1"),
-                                    ("TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 20", "TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 10")],
+    "01_why_speculative_decoding": [("NEW_TOKENS = 96 ", "NEW_TOKENS = 32 "), ("N_PROMPTS = 5 ", "N_PROMPTS = 3 "),
+                                    ("SMOL_TOKENS, SMOL_PROMPTS = 64, 2", "SMOL_TOKENS, SMOL_PROMPTS = 24, 1"),
+                                    ("TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 20", "TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 5")],
     "04_why_it_is_exact": [("N_PROMPTS, GREEDY_TOKENS, KS = 12, 48,", "N_PROMPTS, GREEDY_TOKENS, KS = 6, 48,"),
                            ("GENERATE_RUNS = 500 ", "GENERATE_RUNS = 250 ")],
     "05_acceptance_k_speedup": [("NEW_TOKENS, N_PROMPTS = 48, 3", "NEW_TOKENS, N_PROMPTS = 32, 2"),
-                                ("TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 20", "TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 10")],
+                                ("TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 20", "TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 5")],
     "06_tokenizers_uag": [("NEW_TOKENS, K, N_PROMPTS = 48, 4, 3", "NEW_TOKENS, K, N_PROMPTS = 24, 4, 3"),
-                          ("TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 20", "TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 10")],
+                          ("TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 20", "TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 5")],
     "07_prompt_lookup_and_family": [("NEW_TOKENS, K, PER_GROUP = 64, 3, 3", "NEW_TOKENS, K, PER_GROUP = 16, 3, 1"),
                                     ("REAL_TOKENS, REAL_K, PER_KIND = 64, 2, 2",
                                      "REAL_TOKENS, REAL_K, PER_KIND = 16, 2, 1"),
                                     ("TIMING_PAIRS, MAX_TIMING_PAIRS = 6, 12", "TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 5")],
     "08_serving_with_vllm": [("NEW_TOKENS, N_PROMPTS, CONCURRENCY = 64, 6, (1, 2, 4, 8)",
                               "NEW_TOKENS, N_PROMPTS, CONCURRENCY = 16, 3, (1, 2)"),
-                             ("TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 20", "TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 10")],
+                             ("TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 20", "TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 5")],
 }
 
 

@@ -265,24 +265,28 @@ def test_the_shipped_eagle_head_drafts_for_smollm2(kind):
 
 
 def test_the_shipped_head_drafts_a_tree_on_the_fast_path():
-    """The head's best two first tokens, verified in one pass of the fast SmolLM2 (its GGUF
-    kernels, grouped-query attention under the tree's mask, preallocated cache): the fast
-    SmolLM2's own greedy output, with EOS and from a one-token prompt, and more tokens per
-    pass than the chain on the same prompt."""
-    from specdec_ref.eagle import EagleDrafter
+    """The head's best two first tokens, and its dynamic tree sized from the fast path's measured
+    costs, verified in one pass of the fast SmolLM2 (its GGUF kernels, grouped-query attention under
+    the tree's mask, preallocated cache): the fast SmolLM2's own greedy output, with EOS and from a
+    one-token prompt, and more tokens per pass than the chain on the same prompt."""
+    from specdec_ref.eagle import EagleDrafter, measured_tree
     from specdec_ref.zoo import load_eagle
 
     target, tokenizer = load("zoo:smollm2", fast=True)
     head, vocab = load_eagle("zoo:smollm2-eagle")
     ids = tokenizer(heldout_prompts(tokenizer, per_kind=2)["chat"][1], return_tensors="pt").input_ids
     tree, chain = (EagleDrafter(head, target, vocab, first_candidates=m) for m in (2, 1))
-    for eos, one in ((None, ids), ([], ids), (None, ids[:, :1])):
-        expected = autoregressive_generate(target, one, 64, eos_token_id=eos).sequences
-        out = speculative_generate(target, tree, one, max_new_tokens=64, num_draft_tokens=2, eos_token_id=eos)
-        assert torch.equal(out.sequences, expected), (eos, one.shape)
-    plain = speculative_generate(target, chain, ids, max_new_tokens=64, num_draft_tokens=2, eos_token_id=[])
-    tree_run = speculative_generate(target, tree, ids, max_new_tokens=64, num_draft_tokens=2, eos_token_id=[])
-    assert tree_run.stats.tokens_per_target_pass > plain.stats.tokens_per_target_pass, (tree_run.stats, plain.stats)
+    dynamic = EagleDrafter(head, target, vocab, tree=measured_tree(target, head, vocab))
+    for drafter, k in ((tree, 2), (dynamic, 3)):
+        for eos, one in ((None, ids), ([], ids), (None, ids[:, :1])):
+            expected = autoregressive_generate(target, one, 64, eos_token_id=eos).sequences
+            out = speculative_generate(target, drafter, one, max_new_tokens=64, num_draft_tokens=k, eos_token_id=eos)
+            assert torch.equal(out.sequences, expected), (drafter.tree, eos, one.shape)
+        plain = speculative_generate(target, chain, ids, max_new_tokens=64, num_draft_tokens=k, eos_token_id=[])
+        tree_run = speculative_generate(target, drafter, ids, max_new_tokens=64, num_draft_tokens=k, eos_token_id=[])
+        assert tree_run.stats.tokens_per_target_pass > plain.stats.tokens_per_target_pass, (tree_run.stats, plain.stats)
+    # the fast kernels serve a pass of up to 16 rows: the tree's verification costs stay near a step's
+    assert dynamic.tree.max_nodes == 15 and dynamic.tree.verify_cost(15) < 4, dynamic.tree
 
 
 def test_the_shipped_head_drafts_for_weights_first_smollm2(real_pair):
@@ -311,6 +315,7 @@ def test_the_bench_runs_the_eagle_head_eager_and_fast():
     from specdec_ref import bench, roofline
 
     pair = bench.load_pair("zoo:smollm2", "zoo:smollm2-eagle")
+    assert pair.drafter.tree is not None and pair.draft_note.startswith("the EAGLE head drafts a dynamic tree")
     text = heldout_prompts(pair.target_tokenizer, per_kind=1)["chat"][0]
     with pytest.raises(ValueError, match="no assisted generation for this drafter"):
         bench.run(pair, [text], [2], 8)
@@ -323,3 +328,14 @@ def test_the_bench_runs_the_eagle_head_eager_and_fast():
     fast_summary = bench.run_fast(pair, [text], [2], 8, progress=False)
     assert fast_summary.configs[0].fast.identical_prompts == 1
     assert fast_summary.configs[0].eager.identical_prompts == 1
+
+
+@pytest.mark.slow
+def test_generate_says_how_the_head_drafts(capsys):
+    """The CLI names the drafter's shape under the path: a tree by default, a chain with --eagle-chain."""
+    from specdec_ref.__main__ import main
+
+    for flags, shape in (([], "a dynamic tree (EAGLE-2)"), (["--eagle-chain"], "a chain, as asked")):
+        main(["generate", "--max-new-tokens", "8", "--no-baseline", *flags, "def add(a, b):"])
+        lines = capsys.readouterr().err.splitlines()
+        assert lines[0].startswith("path: ") and lines[1].startswith(f"draft: the EAGLE head drafts {shape}"), lines

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from factories import build, prompt
-from specdec_ref import Proposal, speculative_generate
+from specdec_ref import Proposal, Sampler, speculative_generate
 from specdec_ref.kv_cache import new_cache, rollback
-from specdec_ref.speculative import (accept_greedy_tree, accept_tree, tree_attention_mask, tree_depths,
-                                      tree_verification_inputs)
+from specdec_ref.speculative import (accept_greedy_tree, accept_sampled_tree, accept_tree, tree_attention_mask,
+                                      tree_depths, tree_verification_inputs)
+from test_sampling_exactness import chi_square_pvalue
 
 # A tree of 7 drafts: two branches from the last token (0 and 3), 0 -> 1 -> 2, 0 -> 6, 3 -> 4, 3 -> 5.
 PARENTS = [-1, 0, 1, -1, 3, 3, 0]
@@ -153,12 +154,9 @@ class OneTree:
         pass
 
 
-def test_a_tree_when_sampling_or_deeper_than_asked_is_refused(family_pair):
+def test_a_tree_deeper_than_asked_is_refused(family_pair):
     _, target, _, _ = family_pair
     ids = prompt(4, seed=0)
-    with pytest.raises(ValueError, match="a tree of drafts is verified greedily only"):
-        speculative_generate(target, OneTree([-1, -1]), ids, max_new_tokens=8, num_draft_tokens=2,
-                             do_sample=True, generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="drafted 3 tokens ahead; it was asked for at most 2"):
         speculative_generate(target, OneTree([-1, 0, 1, -1]), ids, max_new_tokens=8, num_draft_tokens=2)
 
@@ -203,3 +201,25 @@ def test_the_loop_looks_the_mask_and_the_verdict_up_when_called(family_pair, mon
     out = speculative_generate(target, drafter, ids, max_new_tokens=12, num_draft_tokens=2, eos_token_id=[])
     assert torch.equal(out.sequences, expected)
     assert calls["mask"] == calls["accept"] == len(drafter.proposals) > 0  # once per tree verified
+
+
+def test_sampling_down_a_tree_yields_the_targets_distribution():
+    """The multi-candidate rule: whichever children a node has, and in whatever order, the token
+    that follows it (an accepted child's, or the target's own) is distributed as p; an accepted
+    child's own children are then judged against its row of p."""
+    p = torch.tensor([[0.30, 0.05, 0.25, 0.15, 0.25, 0.00],
+                      [0.10, 0.10, 0.10, 0.10, 0.10, 0.50],
+                      [0.00, 0.00, 0.00, 0.00, 0.00, 1.00],
+                      [0.20, 0.20, 0.20, 0.20, 0.20, 0.00]])
+    drafts, parents = torch.tensor([2, 5, 4]), [-1, -1, 0]  # two children of the last token; node 0 has one
+    sampler = Sampler(do_sample=True, generator=torch.Generator().manual_seed(0))
+    first, after_node_0 = torch.zeros(6), torch.zeros(6)
+    for _ in range(6000):
+        path, token = accept_sampled_tree(p, drafts, parents, sampler)
+        emitted = [int(drafts[n]) for n in path] + [token]
+        first[emitted[0]] += 1
+        if path[:1] == [0]:
+            after_node_0[emitted[1]] += 1
+    assert first[5] == 0  # a token p gives 0 is never emitted, though it was drafted
+    assert chi_square_pvalue(first, p[0]) > 1e-3
+    assert chi_square_pvalue(after_node_0, p[1]) > 1e-3

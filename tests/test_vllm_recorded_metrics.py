@@ -99,7 +99,7 @@ def test_the_rules_read_what_vllm_reads():
     configs = [{**c, "model": draft} if isinstance(c, dict) and c.get("model") == "DRAFT" else c for c in CONFIGS]
     configs = [{**c, "draft_model": draft} if isinstance(c, dict) and "draft_model" in c else c for c in configs]
     argvs = [[target if a == "TARGET" else a for a in argv] for argv in ARGVS]
-    got = vllm_readings(configs, argvs, target_model=target)
+    got = vllm_readings(configs, argvs, target_model=target, cache=False)
     mine = {"configs": [rules(course_config_reading, c) for c in configs],
             "argvs": [rules(course_argv_reading, a) for a in argvs]}
     for kind in ("configs", "argvs"):
@@ -110,3 +110,34 @@ def test_the_rules_read_what_vllm_reads():
 def test_a_missing_vllm_is_reported(tmp_path):
     with pytest.raises(VLLMUnavailable, match="not installed"):
         vllm_readings([], [], target_model="x", python=tmp_path / "bin" / "python")
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_readings_are_kept_and_only_new_inputs_start_vllm(tmp_path, monkeypatch):
+    """A reading asked for again comes from the cache, without vLLM (here an interpreter that
+    can only fail); a new input among known ones still goes to vLLM, and only it."""
+    if not course_vllm_python().exists():
+        pytest.fail(f"no vLLM environment at {course_vllm_python()}: run scripts/setup_vllm_env.sh first")
+    from specdec_ref import zoo
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    target, draft = str(zoo.resolve("zoo:target")), str(zoo.resolve("zoo:draft"))
+    configs = [{"method": "ngram", "num_speculative_tokens": 3}, {"method": "draft_model", "model": draft,
+                                                                  "num_speculative_tokens": 0}]
+    argvs = [[target, "--port", "8001"]]
+    first = vllm_readings(configs, argvs, target_model=target)
+    assert first["configs"][0]["ok"] and not first["configs"][1]["ok"] and first["argvs"][0]["ok"]
+    assert len(list((tmp_path / "cache" / "vllm_readings").glob("*.json"))) == 3
+    # The same vLLM installation, seen through an interpreter beside it that always fails.
+    failing = course_vllm_python().parent / "specdec-test-failing-python"
+    failing.write_text("#!/bin/sh\nexit 3\n")
+    failing.chmod(0o755)
+    try:
+        assert vllm_readings(configs[::-1], argvs, target_model=target, python=failing) == {
+            "configs": first["configs"][::-1], "argvs": first["argvs"]}
+        with pytest.raises(VLLMUnavailable, match="exit code 3"):
+            vllm_readings(configs + [{"method": "ngram", "num_speculative_tokens": 4}], [], target_model=target,
+                          python=failing)
+    finally:
+        failing.unlink()

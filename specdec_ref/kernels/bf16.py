@@ -28,7 +28,7 @@ from .build import build_operator
 SOURCE = Path(__file__).with_name("bf16_weights.cpp")
 ROWS = 4  # weight rows per packed block (ROWS in the C source)
 COLUMNS = 16  # columns per packed tile: one AVX-512 register of fp32, two AVX2 ones
-MAX_ROWS = 8  # longest pass the kernel serves (MAX_ROWS in the C++ source); prefills read the fp32 weight
+MAX_ROWS = 16  # longest pass the kernel serves (MAX_ROWS in the C++ source); prefills read the fp32 weight
 
 
 @cache

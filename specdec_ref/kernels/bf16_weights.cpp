@@ -22,7 +22,7 @@
 
 constexpr int ROWS = 4;
 constexpr int TILE = 16;  // columns per packed tile (COLUMNS in bf16_weights.py)
-constexpr int64_t MAX_ROWS = 8;
+constexpr int64_t MAX_ROWS = 16;
 constexpr int64_t PREFETCH = 2048;  // elements ahead: the hardware prefetcher alone leaves bandwidth unused
 
 // One fp32 vector register and what the kernel does with it: AVX-512 where the CPU has it
@@ -112,7 +112,9 @@ static void block_kernel(const float *x, const uint16_t *block, float *y, int64_
 using BlockKernel = void (*)(const float *, const uint16_t *, float *, int64_t, int64_t);
 static const BlockKernel KERNELS[MAX_ROWS + 1] = {
     nullptr, block_kernel<1>, block_kernel<2>, block_kernel<3>, block_kernel<4>,
-    block_kernel<5>, block_kernel<6>, block_kernel<7>, block_kernel<8>};
+    block_kernel<5>, block_kernel<6>, block_kernel<7>, block_kernel<8>,
+    block_kernel<9>, block_kernel<10>, block_kernel<11>, block_kernel<12>,
+    block_kernel<13>, block_kernel<14>, block_kernel<15>, block_kernel<16>};
 
 static at::Tensor bf16_weights_linear(const at::Tensor &x, const at::Tensor &packed, const at::Tensor &weight) {
     const int64_t k = x.size(-1), n = weight.size(0), m = x.numel() / k;

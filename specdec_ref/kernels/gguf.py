@@ -28,7 +28,7 @@ from .build import build_operator
 SOURCE = Path(__file__).with_name("gguf_weights.cpp")
 ROWS = 4  # weight rows per packed block (ROWS in the C++ source)
 GROUP = 32  # weights per code block along a row, as in GGUF's Q4_1 and Q8_0
-MAX_ROWS = 8  # longest pass the kernel serves (MAX_ROWS in the C++ source)
+MAX_ROWS = 16  # longest pass the kernel serves (MAX_ROWS in the C++ source): a tree of 15 drafts
 CODES = {4: "Q4_1", 8: "Q8_0"}  # code width in bits -> the GGUF type it matches
 
 

@@ -28,7 +28,7 @@
 
 constexpr int ROWS = 4;
 constexpr int GROUP = 32;
-constexpr int64_t MAX_ROWS = 8;
+constexpr int64_t MAX_ROWS = 16;
 constexpr int64_t PREFETCH = 1536;  // bytes ahead in the stream
 
 constexpr int row_bytes(int bits) { return GROUP / 2 * bits / 8; }  // one row's codes in one tile
@@ -144,7 +144,9 @@ using BlockKernel = void (*)(const float *, const uint8_t *, float *, int64_t, i
 template <int BITS>
 static constexpr BlockKernel KERNELS[MAX_ROWS + 1] = {
     nullptr, block_kernel<BITS, 1>, block_kernel<BITS, 2>, block_kernel<BITS, 3>, block_kernel<BITS, 4>,
-    block_kernel<BITS, 5>, block_kernel<BITS, 6>, block_kernel<BITS, 7>, block_kernel<BITS, 8>};
+    block_kernel<BITS, 5>, block_kernel<BITS, 6>, block_kernel<BITS, 7>, block_kernel<BITS, 8>,
+    block_kernel<BITS, 9>, block_kernel<BITS, 10>, block_kernel<BITS, 11>, block_kernel<BITS, 12>,
+    block_kernel<BITS, 13>, block_kernel<BITS, 14>, block_kernel<BITS, 15>, block_kernel<BITS, 16>};
 
 static at::Tensor gguf_weights_linear(const at::Tensor &x, const at::Tensor &packed, const at::Tensor &weight,
                                       int64_t bits) {

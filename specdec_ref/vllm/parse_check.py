@@ -15,6 +15,7 @@ below, the removed flags), so that a check gives the same verdict with or withou
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..paths import cache_root, sha256_file
 from .command import REMOVED_FLAGS
 from .server import course_vllm_venv
 
@@ -89,6 +91,7 @@ def vllm_readings(
     target_model: str | os.PathLike[str],
     python: str | os.PathLike[str] | None = None,
     timeout: float = 120.0,
+    cache: bool = True,
 ) -> dict[str, list[dict[str, Any]]]:
     """vLLM's reading of each speculative config and each ``vllm serve`` argument list.
 
@@ -98,6 +101,11 @@ def vllm_readings(
         target_model: a local model folder, the target the configs are built for.
         python: vLLM's interpreter; :func:`course_vllm_python` when None.
         timeout: seconds before giving up on the subprocess.
+        cache: keep each input's reading in the course cache (``vllm_readings/`` under
+            :func:`~specdec_ref.paths.cache_root`), keyed by the input, the target's and any local
+            draft's ``config.json`` and the installed vLLM, and read it back instead of asking vLLM
+            again: a class's notebooks hand in the same configs many times, and each vLLM start
+            costs seconds. Only inputs not read before start vLLM.
 
     Returns:
         ``{"configs": [...], "argvs": [...]}``, one entry per input: ``{"ok": True, "read":
@@ -110,7 +118,57 @@ def vllm_readings(
     python = Path(python) if python is not None else course_vllm_python()
     if not python.exists():
         raise VLLMUnavailable(f"vLLM's CPU build is not installed ({python} does not exist)")
-    request = {"configs": list(configs), "argvs": [list(argv) for argv in argvs], "target_model": str(target_model),
+    inputs = [("configs", config) for config in configs] + [("argvs", list(argv)) for argv in argvs]
+    stamp = _installation_stamp(python, target_model)
+    keys = [_reading_key(kind, item, stamp) for kind, item in inputs]
+    folder = cache_root() / "vllm_readings"
+    known = {key: json.loads((folder / f"{key}.json").read_text()) for key in keys
+             if cache and (folder / f"{key}.json").exists()}
+    missing = [(kind, item, key) for (kind, item), key in zip(inputs, keys) if key not in known]
+    if missing:
+        asked = _ask_vllm([item for kind, item, _ in missing if kind == "configs"],
+                          [item for kind, item, _ in missing if kind == "argvs"], target_model, python, timeout)
+        answers = {"configs": iter(asked["configs"]), "argvs": iter(asked["argvs"])}
+        for kind, _, key in missing:
+            known[key] = next(answers[kind])
+            if cache:
+                folder.mkdir(parents=True, exist_ok=True)
+                temporary = folder / f"{key}.{os.getpid()}.tmp"
+                temporary.write_text(json.dumps(known[key]))
+                temporary.replace(folder / f"{key}.json")  # whole or absent, for a reader beside
+    readings: dict[str, list[dict[str, Any]]] = {"configs": [], "argvs": []}
+    for (kind, _), key in zip(inputs, keys):
+        readings[kind].append(known[key])
+    return readings
+
+
+def _installation_stamp(python: Path, target_model: str | os.PathLike[str]) -> str:
+    """What a reading depends on besides its input: the vLLM installed beside ``python`` (its
+    package's modification time) and the target's ``config.json``."""
+    packages = sorted(python.parent.parent.glob("lib/python*/site-packages/vllm/__init__.py"))
+    installed = str(packages[0].stat().st_mtime_ns) if packages else str(python.resolve())
+    return installed + ":" + _config_digest(target_model)
+
+
+def _config_digest(folder: Any) -> str:
+    """The sha256 of a local model folder's ``config.json``, "" for anything else."""
+    try:
+        config = Path(folder) / "config.json"
+        return sha256_file(config) if config.is_file() else ""
+    except (TypeError, ValueError, OSError):
+        return ""
+
+
+def _reading_key(kind: str, item: Any, stamp: str) -> str:
+    drafts = [_config_digest(item.get("model"))] if isinstance(item, dict) else []
+    text = json.dumps([kind, item, stamp, drafts], sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _ask_vllm(configs: list[Any], argvs: list[list[str]], target_model: str | os.PathLike[str], python: Path,
+              timeout: float) -> dict[str, list[dict[str, Any]]]:
+    """Run the reading script in vLLM's environment (one subprocess for all inputs)."""
+    request = {"configs": configs, "argvs": argvs, "target_model": str(target_model),
                "config_fields": CONFIG_FIELDS, "argv_fields": ARGV_FIELDS}
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "ERROR", "TOKENIZERS_PARALLELISM": "false"}
     try:
