@@ -229,7 +229,7 @@ class BenchResult:
     cross_tokenizer: bool
     temperature: float | None  # None: greedy
     min_draft_confidence: float | None  # the speculative_dynamic method's bar; None: not run
-    target_weight_bytes: float
+    target_weight_bytes: float  # read per target pass (roofline.streamed_weight_bytes: as the path stores them)
     draft_weight_bytes: float
     cost_model: Costs  # c and v(k) from isolated passes timed after the runs
     baseline: BaselineResult
@@ -317,7 +317,7 @@ def run(pair: Pair, prompts: Sequence[str], ks: Sequence[int], max_new_tokens: i
     # c = 0 for a drafter that runs no model; a tree verifies more than k drafts: v over its sizes too
     tree = getattr(pair.drafter, "tree", None)
     costs = measure_costs(pair.target, pair.drafter, context, sorted(set(ks) | set(TREE_SIZES if tree else ())))
-    target_bytes = roofline.weight_bytes(pair.target)
+    target_bytes = roofline.streamed_weight_bytes(pair.target)  # the codes or bf16 copy a fast layer reads
     draft_bytes = pair.drafter.weight_bytes
     base_tps = [max_new_tokens / r["seconds"] for r in baseline]
     base = BaselineResult(
