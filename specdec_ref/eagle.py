@@ -23,6 +23,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,9 @@ from .inputs import check_context
 from .modules import like
 from .roofline import streamed_weight_bytes
 from .sampling import Sampler
+
+if TYPE_CHECKING:
+    from .costs import Costs
 
 
 @dataclass(frozen=True)
@@ -293,7 +297,7 @@ class DraftTree:
             raise ValueError("draft_cost must be >= 0, and verify_costs map node counts >= 1 to costs > 0")
 
     @classmethod
-    def from_costs(cls, costs, top_k: int = 4) -> DraftTree:
+    def from_costs(cls, costs: Costs, top_k: int = 4) -> DraftTree:
         """The tree for a path whose c and v(n) were measured (a :class:`specdec_ref.costs.Costs`):
         at most as many nodes as v was measured for."""
         return cls(top_k, max(costs.verify_costs), costs.cost_ratio, dict(costs.verify_costs))
@@ -332,8 +336,8 @@ def measured_tree(target: nn.Module, head: EagleHead, draft_vocab: torch.LongTen
     (seconds: a few rounds of paired passes, :func:`specdec_ref.costs.measure_costs`)."""
     from .costs import measure_costs  # costs drafts through the drafters: imported when needed
 
-    sizes = [n for n in TREE_SIZES if context + n + 1 <= (getattr(target.config, "max_position_embeddings", None)
-                                                          or context + n + 1)]
+    limit = getattr(target.config, "max_position_embeddings", None)
+    sizes = [n for n in TREE_SIZES if limit is None or context + n + 1 <= limit]
     costs = measure_costs(target, EagleDrafter(head, target, draft_vocab), context, sizes, rounds=5)
     return DraftTree.from_costs(costs, top_k)
 
@@ -455,15 +459,12 @@ class EagleDrafter(DrafterBase):
         position = self.cached
         drafts, probs, siblings = [], [], []
         for step in range(max_tokens):
-            positions = torch.arange(position, position + ids.numel(), device=features.device)
-            past = None if self.keys is None else (self.keys, self.values)
-            predicted, (k, v) = self.head(self.embed(ids)[None].to(dtype), features, positions, past)
-            self.keys = k if past is None else torch.cat([self.keys, k], 2)
-            self.values = v if past is None else torch.cat([self.values, v], 2)
+            predicted = self.run_head(ids, features, torch.arange(position, position + ids.numel(),
+                                                                  device=features.device))
             if step == 0:
                 self.cached += ids.numel()
             position += ids.numel()
-            logits = self.lm_head(predicted[0, -1:])[0]
+            logits = self.lm_head(predicted[-1:])[0]
             token, q = self.choose(logits, sampler)
             if step == 0 and sampler.greedy and self.first_candidates > 1:
                 siblings = self.to_target(logits.topk(min(self.first_candidates, logits.numel())).indices[1:])
@@ -475,7 +476,7 @@ class EagleDrafter(DrafterBase):
                 confidence = torch.softmax(logits.float(), -1).max() if q is None else q[token]
                 if confidence < self.min_confidence:
                     break
-            ids, features = token.view(1), predicted[:, -1:]
+            ids, features = token.view(1), predicted[None, -1:]
         chain = torch.stack(drafts)
         if len(siblings):  # the chain, then the other first candidates: children of the last token
             parents = torch.cat([torch.arange(-1, len(drafts) - 1), torch.full((len(siblings),), -1)])

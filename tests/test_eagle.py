@@ -319,34 +319,21 @@ def test_draft_vocabulary_restricts_drafts_and_keeps_identity(target_and_head):
     assert all((d % 2 == 0).all() for d in drafts) and sum(d.numel() for d in drafts) > 0
 
 
-def test_sampling_is_exact_with_the_head():
-    """The first two new tokens follow the target's warped distribution (chi-square), with
-    a draft vocabulary so q is zero on some tokens the target may emit."""
+@pytest.mark.parametrize("tree", [None, DraftTree(top_k=3, max_nodes=6)], ids=["chain", "dynamic tree"])
+def test_sampling_is_exact_with_the_head(tree):
+    """The first two new tokens follow the target's warped distribution (chi-square), with a
+    draft vocabulary so q is zero on some tokens the target may emit; as a chain (q the head's),
+    and as a tree (each node's children judged in turn: the multi-candidate rule), drafting two
+    deep within the first iteration."""
     target = build("llama", 32, 1, seed=10, vocab=VOCAB)
     head = init_head(EagleConfig.for_target(target.config), seed=3)
     with torch.no_grad():
         for p in head.parameters():
             p.add_(0.3 * torch.randn_like(p))
     sampler = Sampler(do_sample=True, temperature=0.9, top_k=6)
-    drafter = EagleDrafter(head, target, torch.tensor([0, 1, 3, 4, 6]))
-    counts = sample_counts(lambda g: speculative_generate(target, drafter, PROMPT, max_new_tokens=2,
-                                                          num_draft_tokens=2, do_sample=True, temperature=0.9,
-                                                          top_k=6, generator=g, eos_token_id=[]))
-    assert chi_square_pvalue(counts, exact_joint(target, sampler)) > 1e-3
-
-
-def test_sampling_down_a_dynamic_tree_is_exact():
-    """Sampling with a tree: each node's children judged in turn (the multi-candidate rule)
-    leaves the first two tokens distributed as the target's (chi-square), with a draft
-    vocabulary so some tokens the target may emit are never drafted."""
-    target = build("llama", 32, 1, seed=10, vocab=VOCAB)
-    head = init_head(EagleConfig.for_target(target.config), seed=3)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.add_(0.3 * torch.randn_like(p))
-    sampler = Sampler(do_sample=True, temperature=0.9, top_k=6)
-    drafter = EagleDrafter(head, target, torch.tensor([0, 1, 3, 4, 6]), tree=DraftTree(top_k=3, max_nodes=6))
-    counts = sample_counts(lambda g: speculative_generate(target, drafter, PROMPT, max_new_tokens=3,
+    drafter = EagleDrafter(head, target, torch.tensor([0, 1, 3, 4, 6]), tree=tree)
+    new_tokens = 2 if tree is None else 3
+    counts = sample_counts(lambda g: speculative_generate(target, drafter, PROMPT, max_new_tokens=new_tokens,
                                                           num_draft_tokens=2, do_sample=True, temperature=0.9,
                                                           top_k=6, generator=g, eos_token_id=[]))
     assert chi_square_pvalue(counts, exact_joint(target, sampler)) > 1e-3
