@@ -249,7 +249,7 @@ def test_the_shipped_eagle_head_drafts_for_smollm2(kind):
     EOS and from a one-token prompt, and more than 1.2 tokens per target pass at k = 4."""
     from specdec_ref.bench import load_pair
 
-    pair = load_pair("zoo:smollm2", "zoo:smollm2-eagle")
+    pair = load_pair("zoo:smollm2", "zoo:smollm2-eagle", eagle_tree=False)  # the tree: the fast-path test below
     text = heldout_prompts(pair.target_tokenizer, per_kind=1)[kind][0]
     ids = pair.target_tokenizer(text, return_tensors="pt").input_ids
     expected = autoregressive_generate(pair.target, ids, 48)  # stops at SmolLM2's EOS (prose: at once)
@@ -295,7 +295,7 @@ def test_the_shipped_head_drafts_for_weights_first_smollm2(real_pair):
     from specdec_ref.bench import load_pair
     from specdec_ref.kernels.weights_first import is_weights_first
 
-    pair = load_pair("zoo:smollm2", "zoo:smollm2-eagle", path="weights-first")
+    pair = load_pair("zoo:smollm2", "zoo:smollm2-eagle", path="weights-first", eagle_tree=False)
     assert is_weights_first(pair.target) and is_weights_first(pair.draft.head)
     stock, tokenizer = real_pair[0], real_pair[2]
     ids = tokenizer(heldout_prompts(tokenizer, per_kind=1)["code"][0], return_tensors="pt").input_ids
