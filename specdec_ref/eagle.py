@@ -299,8 +299,14 @@ class DraftTree:
     @classmethod
     def from_costs(cls, costs: Costs, top_k: int = 4) -> DraftTree:
         """The tree for a path whose c and v(n) were measured (a :class:`specdec_ref.costs.Costs`):
-        at most as many nodes as v was measured for."""
-        return cls(top_k, max(costs.verify_costs), costs.cost_ratio, dict(costs.verify_costs))
+        at most as many nodes as v was measured for. A pass over more rows reads the same weights
+        and does more work, so it never costs less: each v(n) is raised to the largest measured
+        for fewer nodes (and to a step's cost, 1), so that noise on a busy machine cannot make a
+        wider tree look cheaper than a narrower one."""
+        envelope, highest = {}, 1.0
+        for n in sorted(costs.verify_costs):
+            highest = envelope[n] = max(highest, costs.verify_costs[n])
+        return cls(top_k, max(envelope), costs.cost_ratio, envelope)
 
     def verify_cost(self, n: int) -> float:
         """v(n), linear between the measured node counts (v(0) = 1: a plain step)."""
