@@ -28,7 +28,8 @@ CELL_TIMEOUT_SECONDS = 300
 SMALLER = {
     "01_why_speculative_decoding": [("NEW_TOKENS = 96 ", "NEW_TOKENS = 32 "), ("N_PROMPTS = 5 ", "N_PROMPTS = 3 "),
                                     ("SMOL_TOKENS, SMOL_PROMPTS = 64, 2", "SMOL_TOKENS, SMOL_PROMPTS = 24, 1"),
-                                    ("TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 20", "TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 5")],
+                                    ("TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 20", "TIMING_PAIRS, MAX_TIMING_PAIRS = 5, 5"),
+                                    ("CONTEXT, ROUNDS = 64, 5", "CONTEXT, ROUNDS = 64, 3")],
     "04_why_it_is_exact": [("N_PROMPTS, GREEDY_TOKENS, KS = 12, 48,", "N_PROMPTS, GREEDY_TOKENS, KS = 6, 48,"),
                            ("GENERATE_RUNS = 500 ", "GENERATE_RUNS = 250 ")],
     "05_acceptance_k_speedup": [("NEW_TOKENS, N_PROMPTS = 48, 3", "NEW_TOKENS, N_PROMPTS = 32, 2"),

@@ -57,6 +57,7 @@ def test_a_modified_conversion_is_refused(converted, tmp_path):
     _, folder = converted
     copy = tmp_path / folder.name
     shutil.copytree(folder, copy)
+    smollm2.verify(copy)  # verified once: not hashed again until a file changes
     config = copy / "config.json"
     config.write_text(config.read_text().replace('"num_hidden_layers": 30', '"num_hidden_layers": 3'))
     with pytest.raises(RuntimeError, match="checksum mismatch .*config.json.*Delete"):

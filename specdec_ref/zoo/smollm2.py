@@ -107,14 +107,22 @@ def convert(source: Path, dest: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+_VERIFIED: dict[Path, list[tuple[str, int, int]]] = {}  # folder -> its files' (name, size, mtime) when verified
+
+
 def verify(folder: Path) -> None:
-    """Check the converted files against the checksums recorded at conversion."""
+    """Check the converted files against the checksums recorded at conversion (once per process
+    while no file's size or modification time changes: hashing 540 MB takes most of a load)."""
     record = json.loads((folder / STAMP).read_text())
+    stats = [(name, (folder / name).stat().st_size, (folder / name).stat().st_mtime_ns) for name in record["files"]]
+    if _VERIFIED.get(folder) == stats:
+        return
     for name, expected in record["files"].items():
         actual = sha256_file(folder / name)
         if actual != expected:
             raise RuntimeError(f"checksum mismatch for {folder / name}: the converted model was "
                                f"modified or is corrupt. Delete {folder} to convert again.")
+    _VERIFIED[folder] = stats
 
 
 def ensure_converted(root: Path | None = None) -> Path:
