@@ -1,6 +1,8 @@
-"""Each assignment as a learner runs it: every cell of the solution notebook in a real kernel,
-outside the autograder, so the benchmark and exploration cells that skip themselves under
-grading run too. The grading tests never reach those cells.
+"""Each assignment as a learner runs it: the solution notebook in a real kernel, outside the
+autograder, so the benchmark and exploration cells that skip themselves under grading run too.
+The grading tests never reach those cells. The autograded test cells are left out here: the
+class's grading (tests/test_grading.py) runs every one of them, hidden tests included, on the
+solution as handed in.
 
 The long benchmarks run on smaller workloads here: each change below replaces one constant
 (the test fails if the constant is gone) and keeps every code path of the cell.
@@ -31,20 +33,26 @@ SMALLER = {
 }
 
 
+def is_autograded_test(cell) -> bool:
+    info = cell.get("metadata", {}).get("nbgrader", {})
+    return bool(info.get("grade")) and not info.get("solution")
+
+
 def test_every_smaller_workload_names_an_assignment():
     assert set(SMALLER) <= set(ASSIGNMENTS)
 
 
 @pytest.fixture(scope="module")
 def executed_solutions(tmp_path_factory, notebook_workers) -> dict:
-    """Every solution, with its smaller workloads, executed outside the grader (two at a time when
-    this pytest has both cores)."""
+    """Every solution but its autograded tests, with its smaller workloads, executed outside the
+    grader (two at a time when this pytest has both cores)."""
     out = tmp_path_factory.mktemp("learner_path")
     jobs = {}
     for assignment in ASSIGNMENTS:
         path = ROOT / "solutions" / assignment / f"{assignment}.ipynb"
         notebook = nbformat.read(path, as_version=4)
         with_smaller_workloads(notebook, SMALLER.get(assignment, []), assignment)
+        notebook.cells = [cell for cell in notebook.cells if not is_autograded_test(cell)]
         nbformat.write(notebook, out / f"{assignment}.ipynb")
         jobs[assignment] = (out / f"{assignment}.ipynb", path.parent)  # the kernel runs in the solution's folder
     env = {k: v for k, v in os.environ.items() if k != "SPECDEC_GRADING"}

@@ -57,11 +57,27 @@ def test_a_modified_conversion_is_refused(converted, tmp_path):
     _, folder = converted
     copy = tmp_path / folder.name
     shutil.copytree(folder, copy)
-    smollm2.verify(copy)  # verified once: not hashed again until a file changes
+    smollm2.verify(copy)  # passes, and records the files' sizes and times
+    assert (copy / smollm2.VERIFIED).is_file()
     config = copy / "config.json"
     config.write_text(config.read_text().replace('"num_hidden_layers": 30', '"num_hidden_layers": 3'))
     with pytest.raises(RuntimeError, match="checksum mismatch .*config.json.*Delete"):
         smollm2.verify(copy)
+
+
+def test_unchanged_files_are_not_hashed_again(converted, tmp_path, monkeypatch):
+    _, folder = converted
+    copy = tmp_path / folder.name
+    shutil.copytree(folder, copy)
+    smollm2.verify(copy)
+    hashed = []
+    monkeypatch.setattr(smollm2, "sha256_file", lambda path: hashed.append(path.name) or "")
+    smollm2.verify(copy)
+    assert hashed == []
+    (copy / "config.json").touch()  # a new modification time: the files are hashed again
+    with pytest.raises(RuntimeError, match="checksum mismatch"):  # (the stand-in hash matches nothing)
+        smollm2.verify(copy)
+    assert hashed
 
 
 def test_missing_package_and_bad_source_give_clear_errors(tmp_path):

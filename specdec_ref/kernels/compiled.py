@@ -79,11 +79,11 @@ class _CompiledGreedyDrafts:
     nothing where the step is bound by weight bytes.
     """
 
-    def __init__(self, forward, compiled_forward: _CompiledForward) -> None:
-        self.forward, self.compiled_forward = forward, compiled_forward
+    def __init__(self, forward, compiled_forward: _CompiledForward, logits_width: int) -> None:
+        self.forward, self.compiled_forward, self.logits_width = forward, compiled_forward, logits_width
         self.compiled = torch.compile(self._steps, dynamic=True)
 
-    def _steps(self, input_ids: torch.LongTensor, cache, num_tokens: int, vocab_size: int | None) -> torch.Tensor:
+    def _steps(self, input_ids: torch.LongTensor, cache, num_tokens: int, vocab_size: int) -> torch.Tensor:
         drafts = []
         for _ in range(num_tokens):
             logits = self.forward(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
@@ -105,7 +105,11 @@ class _CompiledGreedyDrafts:
                                       logits_to_keep=1)
                 calls += 1
             reserve(cache, num_tokens + 1)  # the two tokens fed, then each draft but the last
-            return self.compiled(tokens[None, start:].clone(memory_format=torch.contiguous_format), cache, num_tokens, vocab_size), calls
+            # Always a width no wider than the logits: every target width then runs one graph
+            # (None, or a width past the logits, would each compile one of their own).
+            width = self.logits_width if vocab_size is None else min(vocab_size, self.logits_width)
+            ids = tokens[None, start:].clone(memory_format=torch.contiguous_format)
+            return self.compiled(ids, cache, num_tokens, width), calls
 
 
 def compile_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -124,7 +128,7 @@ def compile_model(model: torch.nn.Module) -> torch.nn.Module:
     copy = copy_sharing_weights(model)
     forward = copy.forward
     copy.forward = _CompiledForward(forward)
-    setattr(copy, GREEDY_DRAFTS, _CompiledGreedyDrafts(forward, copy.forward))
+    setattr(copy, GREEDY_DRAFTS, _CompiledGreedyDrafts(forward, copy.forward, copy.config.vocab_size))
     copy._specdec_compiled = True
     return copy
 

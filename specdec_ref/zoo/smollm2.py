@@ -107,22 +107,33 @@ def convert(source: Path, dest: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-_VERIFIED: dict[Path, list[tuple[str, int, int]]] = {}  # folder -> its files' (name, size, mtime) when verified
+VERIFIED = "specdec-verified.json"  # the files' sizes and modification times when last hashed
 
 
 def verify(folder: Path) -> None:
-    """Check the converted files against the checksums recorded at conversion (once per process
-    while no file's size or modification time changes: hashing 540 MB takes most of a load)."""
+    """Check the converted files against the checksums recorded at conversion.
+
+    Hashing 540 MB takes most of a load, so the files are hashed again only when one's size or
+    modification time differs from when they last passed (recorded in ``VERIFIED``).
+    """
     record = json.loads((folder / STAMP).read_text())
-    stats = [(name, (folder / name).stat().st_size, (folder / name).stat().st_mtime_ns) for name in record["files"]]
-    if _VERIFIED.get(folder) == stats:
-        return
+    stats = {name: [(folder / name).stat().st_size, (folder / name).stat().st_mtime_ns] for name in record["files"]}
+    try:
+        if json.loads((folder / VERIFIED).read_text()) == stats:
+            return
+    except (OSError, ValueError):
+        pass  # never verified, or the record is unreadable: hash
     for name, expected in record["files"].items():
         actual = sha256_file(folder / name)
         if actual != expected:
             raise RuntimeError(f"checksum mismatch for {folder / name}: the converted model was "
                                f"modified or is corrupt. Delete {folder} to convert again.")
-    _VERIFIED[folder] = stats
+    try:  # written whole, then renamed: a kernel starting beside this one never reads half a record
+        tmp = folder / f"{VERIFIED}.{os.getpid()}"
+        tmp.write_text(json.dumps(stats))
+        tmp.replace(folder / VERIFIED)
+    except OSError:
+        pass  # a read-only folder: hashed again next time
 
 
 def ensure_converted(root: Path | None = None) -> Path:
