@@ -26,10 +26,14 @@ export PATH="$PWD/.venv/bin:$PATH"
 # nothing).
 scratch=$(mktemp -d)
 phase_start=$SECONDS
+# The side run grades one notebook at a time until this file exists, then two (tests/conftest.py).
+export SPECDEC_MAIN_STREAM_DONE="$scratch/main-stream-done"
 .venv/bin/python -m pytest --stream side -p no:cacheprovider --basetemp "$scratch/tmp" "$@" >"$scratch/side.log" 2>&1 &
 side_tests=$!
 trap 'kill $side_tests 2>/dev/null || true' INT TERM
 main_status=0; .venv/bin/python -m pytest --stream main "$@" || main_status=$?
+touch "$SPECDEC_MAIN_STREAM_DONE"
+echo "[phase] the main stream ended after $((SECONDS - phase_start)) s"
 side_status=0; wait $side_tests || side_status=$?
 echo "======== the side stream (vLLM servers, lesson 8, grading, the learner path), run beside the above ========"
 cat "$scratch/side.log"; rm -rf "$scratch"

@@ -45,7 +45,7 @@ def test_every_smaller_workload_names_an_assignment():
 @pytest.fixture(scope="module")
 def executed_solutions(tmp_path_factory, notebook_workers) -> dict:
     """Every solution but its autograded tests, with its smaller workloads, executed outside the
-    grader (two at a time when this pytest has both cores)."""
+    grader (two at a time when this pytest has both cores: see notebook_workers)."""
     out = tmp_path_factory.mktemp("learner_path")
     jobs = {}
     for assignment in ASSIGNMENTS:

@@ -260,13 +260,19 @@ def test_the_eagle_recipe_runs_end_to_end(tmp_path):
     assert len({tokenizer.decode(ids[:n]) for ids, n in asked}) == len(asked) > 0  # sampled: each its own
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_the_shipped_eagle_head_drafts_for_smollm2(kind):
-    """zoo:smollm2-eagle on a held-out prompt: SmolLM2's greedy output unchanged, including at
-    EOS and from a one-token prompt, and more than 1.2 tokens per target pass at k = 4."""
+@pytest.fixture(scope="module")
+def head_chain_pair():
+    """SmolLM2 with its EAGLE head as a chain (the tree: the fast-path test below), loaded once."""
     from specdec_ref.bench import load_pair
 
-    pair = load_pair("zoo:smollm2", "zoo:smollm2-eagle", eagle_tree=False)  # the tree: the fast-path test below
+    return load_pair("zoo:smollm2", "zoo:smollm2-eagle", eagle_tree=False)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_shipped_eagle_head_drafts_for_smollm2(kind, head_chain_pair):
+    """zoo:smollm2-eagle on a held-out prompt: SmolLM2's greedy output unchanged, including at
+    EOS and from a one-token prompt, and more than 1.2 tokens per target pass at k = 4."""
+    pair = head_chain_pair
     text = heldout_prompts(pair.target_tokenizer, per_kind=1)[kind][0]
     ids = pair.target_tokenizer(text, return_tensors="pt").input_ids
     expected = autoregressive_generate(pair.target, ids, 48)  # stops at SmolLM2's EOS (prose: at once)
