@@ -48,10 +48,15 @@ def nbgrader_info(cell) -> dict:
     return cell.get("metadata", {}).get("nbgrader", {})
 
 
+def is_autograded_test(cell) -> bool:
+    """Whether a cell is an autograded test cell (graded, not an answer)."""
+    return bool(nbgrader_info(cell).get("grade")) and not nbgrader_info(cell).get("solution")
+
+
 def autograded_cells(assignment: str) -> dict[str, float]:
     """Points of each autograded test cell of an assignment."""
     return {nbgrader_info(c)["grade_id"]: nbgrader_info(c)["points"] for c in notebook(assignment).cells
-            if nbgrader_info(c).get("grade") and not nbgrader_info(c).get("solution")}
+            if is_autograded_test(c)}
 
 
 def solution_as_submitted(assignment: str):

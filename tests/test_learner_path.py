@@ -15,6 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from test_grading import is_autograded_test
 from test_notebooks import errors_of, execute_notebooks, stderr_outputs, with_smaller_workloads
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,11 +32,6 @@ SMALLER = {
     "ex09_feature_drafting": [("PER_KIND, NEW_TOKENS, K, REPEATS = 1, 24, 2, 2",
                                "PER_KIND, NEW_TOKENS, K, REPEATS = 1, 6, 2, 1")],
 }
-
-
-def is_autograded_test(cell) -> bool:
-    info = cell.get("metadata", {}).get("nbgrader", {})
-    return bool(info.get("grade")) and not info.get("solution")
 
 
 def test_every_smaller_workload_names_an_assignment():

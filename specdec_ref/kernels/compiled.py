@@ -83,12 +83,12 @@ class _CompiledGreedyDrafts:
         self.forward, self.compiled_forward, self.logits_width = forward, compiled_forward, logits_width
         self.compiled = torch.compile(self._steps, dynamic=True)
 
-    def _steps(self, input_ids: torch.LongTensor, cache, num_tokens: int, vocab_size: int) -> torch.Tensor:
+    def _steps(self, input_ids: torch.LongTensor, cache, num_tokens: int, width: int) -> torch.Tensor:
         drafts = []
         for _ in range(num_tokens):
             logits = self.forward(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
             # Cut to the target's width; padding with -inf (a wider target) never changes the argmax.
-            input_ids = logits[:vocab_size].argmax().view(1, 1)
+            input_ids = logits[:width].argmax().view(1, 1)
             drafts.append(input_ids)
         return torch.cat(drafts).view(-1)
 

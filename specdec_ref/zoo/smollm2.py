@@ -117,7 +117,7 @@ def verify(folder: Path) -> None:
     modification time differs from when they last passed (recorded in ``VERIFIED``).
     """
     record = json.loads((folder / STAMP).read_text())
-    stats = {name: [(folder / name).stat().st_size, (folder / name).stat().st_mtime_ns] for name in record["files"]}
+    stats = {name: [(st := (folder / name).stat()).st_size, st.st_mtime_ns] for name in record["files"]}
     try:
         if json.loads((folder / VERIFIED).read_text()) == stats:
             return
