@@ -46,7 +46,9 @@ import subprocess
 import sys
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 import nbformat
@@ -566,12 +568,18 @@ def export_only(work: Path, late_penalty: str | None = None) -> dict:
     return {"report": lines, "cells": rows, "timings": timings}
 
 
+JOBS_POLL_SECONDS = 5  # how often a ``jobs`` function is asked again while notebooks run
+
+
 # --- the whole pass ---------------------------------------------------------------------------
 
 def grade(submitted: Path, work: Path, assignments: list[str] | None = None, student: str | None = None,
-          roster: Path | None = None, timeout: int | None = None, jobs: int = 2,
+          roster: Path | None = None, timeout: int | None = None, jobs: int | Callable[[], int] = 2,
           due: dict[str, str] | None = None, late_penalty: str | None = None) -> dict:
     """Grade ``submitted`` into ``work``; return the report lines, cell rows and timings.
+    ``jobs`` is how many notebooks run at once, or a function giving it (up to the CPU count),
+    asked again whenever a notebook ends and every few seconds: a test run widens it once the
+    machine frees up.
     ``due`` maps assignments to due dates (``"2026-12-01 17:00:00 UTC"``); a submission's
     ``timestamp.txt`` (written by ``nbgrader collect``) after it makes it late; ``late_penalty``
     (``none`` or ``zero``) is kept in the work folder for later runs."""
@@ -614,12 +622,21 @@ def grade(submitted: Path, work: Path, assignments: list[str] | None = None, stu
     for assignment, s in set(units) - set(todo):
         score_zero(work, assignment, s)
     seconds_now: dict[str, list[float]] = {}
+    at_once = jobs if callable(jobs) else (lambda: jobs)
+    widest = (os.cpu_count() or 2) if callable(jobs) else max(1, jobs)
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=context, initializer=_start_worker,
+    # Workers start as they are first needed, so a pool as wide as the most notebooks ever
+    # graded at once holds no idle process while ``jobs()`` is lower.
+    with ProcessPoolExecutor(max_workers=widest, mp_context=context, initializer=_start_worker,
                              initargs=(str(work),)) as pool:
-        while todo:
-            again = []
-            for assignment, s, took, ok, log in pool.map(autograde, todo):
+        waiting, running = deque(todo), set()
+        while waiting or running:
+            while waiting and len(running) < max(1, min(at_once(), widest)):
+                running.add(pool.submit(autograde, waiting.popleft()))
+            done, _ = wait(running, timeout=JOBS_POLL_SECONDS, return_when=FIRST_COMPLETED)
+            for future in done:
+                running.remove(future)
+                assignment, s, took, ok, log = future.result()
                 logs = work / "logs" / assignment
                 logs.mkdir(parents=True, exist_ok=True)
                 (logs / f"{s}.log").write_text(log)
@@ -629,8 +646,7 @@ def grade(submitted: Path, work: Path, assignments: list[str] | None = None, stu
                     lines = recover(work, assignment, s, log)
                     problems[(assignment, s)] += lines or [f"nbgrader failed (see logs/{assignment}/{s}.log): scored 0"]
                     if any(line.endswith("graded again") for line in lines):
-                        again.append((assignment, s))
-            todo = again
+                        waiting.append((assignment, s))
 
     for (assignment, s), found in problems.items():
         (work / "problems" / assignment).mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@
 tests/integration having its own conftest.py, that name is ambiguous.)
 """
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -56,16 +57,20 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="module")
-def notebook_workers(request) -> int:
-    """Notebooks a test module may run at once: one in the main stream (the side stream holds the
-    other core); in the side stream one while the main stream runs and two once it has ended
-    (scripts/test.sh creates the file $SPECDEC_MAIN_STREAM_DONE names then), so that each stream
-    has a core of its own: three one-thread processes on two cores ran each test 1.5-1.9x slower."""
+def notebook_workers(request) -> Callable[[], int]:
+    """How many notebooks a test may run at once, asked again as they run: one in the main stream
+    (the side stream holds the other core); in the side stream one while the main stream runs and
+    two from the moment it ends (scripts/test.sh creates the file $SPECDEC_MAIN_STREAM_DONE names
+    then), so that each stream has a core of its own: three one-thread processes on two cores ran
+    each test 1.5-1.9x slower."""
     stream = request.config.getoption("--stream")
     main_done = os.environ.get("SPECDEC_MAIN_STREAM_DONE")
-    if stream == "main" or (stream == "side" and main_done and not Path(main_done).exists()):
-        return 1
-    return 2
+
+    def workers() -> int:
+        if stream == "main" or (stream == "side" and main_done and not Path(main_done).exists()):
+            return 1
+        return 2
+    return workers
 
 
 def pytest_terminal_summary(terminalreporter):

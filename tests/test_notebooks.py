@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -68,22 +70,35 @@ nbformat.write(notebook, executed)
 
 
 def execute_notebooks(jobs: dict[str, tuple[Path, Path]], out: Path, env: dict[str, str] | None = None,
-                      workers: int = 2) -> dict[str, nbformat.NotebookNode | str]:
-    """Execute notebooks ``name -> (file, folder the kernel runs in)`` ``workers`` at a time, each
-    in its own process with one torch thread; return each executed notebook (errors kept in its
-    cells' outputs), or the runner's stderr when the run itself failed (a cell timed out)."""
+                      workers: Callable[[], int] = lambda: 2) -> dict[str, nbformat.NotebookNode | str]:
+    """Execute notebooks ``name -> (file, folder the kernel runs in)``, ``workers()`` at a time
+    (asked again before each starts), each in its own process with one torch thread; return each
+    executed notebook (errors kept in its cells' outputs), or the runner's stderr when the run
+    itself failed (a cell timed out)."""
     env = {**(env or os.environ), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    slots = threading.Condition()
+    running = 0
 
     def run(name: str) -> nbformat.NotebookNode | str:
-        source, folder = jobs[name]
-        executed = out / f"{name}.executed.ipynb"
-        done = subprocess.run([sys.executable, "-c", _RUN_ONE, str(source), str(folder), str(executed),
-                               str(CELL_TIMEOUT_SECONDS)], env=env, capture_output=True, text=True)
+        nonlocal running
+        with slots:
+            while not slots.wait_for(lambda: running < workers(), timeout=5):
+                pass
+            running += 1
+        try:
+            source, folder = jobs[name]
+            executed = out / f"{name}.executed.ipynb"
+            done = subprocess.run([sys.executable, "-c", _RUN_ONE, str(source), str(folder), str(executed),
+                                   str(CELL_TIMEOUT_SECONDS)], env=env, capture_output=True, text=True)
+        finally:
+            with slots:
+                running -= 1
+                slots.notify_all()
         if done.returncode != 0:
             return done.stderr[-4000:]
         return nbformat.read(executed, as_version=4)
 
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    with ThreadPoolExecutor(max_workers=len(jobs) or 1) as pool:
         return dict(zip(jobs, pool.map(run, jobs)))
 
 
