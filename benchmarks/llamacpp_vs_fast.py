@@ -180,16 +180,6 @@ def count_equal(outputs: list[list[int]], expected: list[list[int]]) -> int:
     return sum(a == b for a, b in zip(outputs, expected))
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens two outputs share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def methods_run(compiled: bool) -> list[str]:
     """The methods a run times, in :data:`METHODS` order: all of them, or all but the compiled engine's."""
     return [m for m, (engine, _) in METHODS.items() if compiled or engine != "compiled"]
@@ -306,6 +296,7 @@ def compare(args: argparse.Namespace, log_path: Path | None = None) -> dict:
     from specdec_ref.eagle import EagleDrafter
     from specdec_ref.kernels import fast
     from specdec_ref.roofline import streamed_weight_bytes
+    from specdec_ref.uag import common_prefix
     from specdec_ref.zoo.prompts import heldout_prompts
     from specdec_ref.zoo.smollm2 import gguf_path
 

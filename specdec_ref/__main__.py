@@ -310,8 +310,10 @@ def demo(args: argparse.Namespace) -> None:
               f"speedup {assisted.speedup:.2f}x")
     costs = summary.cost_model
     print(LEGEND)
-    print(f"acceptance rate {drafts.acceptance_rate:.3f} (accepted / drafted), acceptance probability "
-          f"a = {drafts.acceptance_probability:.3f} (accepted / judged), tokens per target pass "
+    # a is the chain's i.i.d. model; a tree's drafts are siblings, not a chain, so only its tau counts.
+    a = "" if result.predicted_speedup is None else \
+        f"acceptance probability a = {drafts.acceptance_probability:.3f} (accepted / judged), "
+    print(f"acceptance rate {drafts.acceptance_rate:.3f} (accepted / drafted), {a}tokens per target pass "
           f"{drafts.tokens_per_target_pass:.2f}")
     if result.predicted_speedup is None:  # a tree of drafts: only its measured tau feeds the model
         print(f"predicted speedup {result.predicted_speedup_from_tau:.2f}x from the measured tokens per pass, "
@@ -406,7 +408,8 @@ def run_bench(args: argparse.Namespace) -> None:
         from_a = "" if c.predicted_speedup is None else f"{c.predicted_speedup:.2f}x, "
         print(f"k={c.k:2d}  speedup {spec.speedup:.2f}x (predicted {from_a}"
               f"{c.predicted_speedup_from_tau:.2f}x from tau; {_reading(c.speed_check)})"
-              f"{hf}  acceptance {drafts.acceptance_rate:.3f} (a {drafts.acceptance_probability:.3f})  "
+              f"{hf}  acceptance {drafts.acceptance_rate:.3f}"
+              + ("" if c.predicted_speedup is None else f" (a {drafts.acceptance_probability:.3f})") + "  "
               f"tau {drafts.tokens_per_target_pass:.2f}"
               + ("" if args.do_sample else f"  identical {spec.identical_outputs}"))
         if c.dynamic_drafts is not None:
@@ -528,9 +531,10 @@ def run_generate(args: argparse.Namespace) -> None:
         autoregressive_generate(target, ids, min(2, args.max_new_tokens), eos_token_id=[], generator=seeded(), **rule)
     out = speculative(args.max_new_tokens, TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True))
     stats = out.stats
+    a = "" if getattr(drafter, "tree", None) is not None else \
+        f"acceptance probability {stats.acceptance_probability:.2f}, "  # a chain's i.i.d. a; a tree has none
     line = (f"health check: {stats.tokens_per_target_pass:.2f} tokens per target pass, acceptance rate "
-            f"{stats.acceptance_rate:.2f}, acceptance probability {stats.acceptance_probability:.2f}, "
-            f"{stats.new_tokens} tokens at {stats.tokens_per_second:.1f} tokens/s")
+            f"{stats.acceptance_rate:.2f}, {a}{stats.new_tokens} tokens at {stats.tokens_per_second:.1f} tokens/s")
     if args.no_baseline:
         line += "; the target alone not timed (--no-baseline)"
     elif stats.new_tokens:

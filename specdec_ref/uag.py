@@ -159,7 +159,7 @@ class CrossTokenizerDrafter(DraftModelDrafter):
 
         # 2. Draft in the draft's own vocabulary, the cache rolled back to what still matches
         #    (at least one id is re-fed: the model needs an input to predict from).
-        common = min(_common_prefix(self.fed, self.draft_ids), len(self.draft_ids) - 1)
+        common = min(common_prefix(self.fed, self.draft_ids), len(self.draft_ids) - 1)
         rollback(self.cache, common)
         pending = torch.tensor(self.draft_ids[common:], device=self.model.device)
         drafts, _ = draft_autoregressive(self.model, self.cache, pending, n_draft, self.greedy,
@@ -193,7 +193,8 @@ class CrossTokenizerDrafter(DraftModelDrafter):
                                      self.look_behind, self.min_confidence)
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading ids two sequences share."""
     n = 0
     for x, y in zip(a, b):
         if x != y:

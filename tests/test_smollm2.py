@@ -368,3 +368,6 @@ def test_generate_says_how_the_head_drafts(capsys):
         main(["generate", "--max-new-tokens", "8", "--no-baseline", *flags, "def add(a, b):"])
         lines = capsys.readouterr().err.splitlines()
         assert lines[0].startswith("path: ") and lines[1].startswith(f"draft: the EAGLE head drafts {shape}"), lines
+        # A chain's i.i.d. acceptance probability a; a tree's drafts are siblings, so it has none.
+        health = next(line for line in lines if line.startswith("health check: "))
+        assert ("acceptance probability" in health) == bool(flags), health

@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerFast
 
 from factories import VOCAB, build, prompt, train_tokenizer, training_text
 from specdec_ref import CrossTokenizerDrafter, Sampler, compare_tokenizers, speculative_generate
-from specdec_ref.uag import continue_ids, lcs_pairs, text_after
+from specdec_ref.uag import common_prefix, continue_ids, lcs_pairs, text_after
 
 
 def brute_force_lcs_length(a, b):
@@ -226,3 +226,10 @@ def test_proposal_holds_only_target_tokens_the_drafted_text_has_closed(target, t
     shown = ids[0].tolist() + proposal.tokens.tolist()
     assert 0 < proposal.tokens.numel() <= 3
     assert full[: len(shown)] == shown and len(full) > len(shown)
+
+
+def test_common_prefix_counts_the_leading_ids_two_sequences_share():
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+    assert common_prefix([], [1]) == 0
+    assert common_prefix([5], [6]) == 0
