@@ -13,6 +13,22 @@ start=$SECONDS
 bash scripts/setup_vllm_env.sh >"$vllm_log" 2>&1 &
 vllm_setup=$!
 phase bash scripts/setup_env.sh
+# The course's caches, which the first test of each kind would otherwise build inside a stream on
+# one core: SmolLM2 converted from its GGUF file (about 30 s), the C++ kernels in the two variants
+# the tests load (about 25 s each), the held-out prompts' corpus (about 13 s). Built here, while
+# vLLM's environment installs, two processes at a time.
+warm_caches() {
+    local py=".venv/bin/python" warm="OMP_NUM_THREADS=1 MKL_NUM_THREADS=1"
+    local kernels="from specdec_ref.kernels import bf16, gguf; bf16.available(); gguf.available()"
+    # A failure here is not the suite's: the tests that need the cache build it again and say why.
+    { env $warm $py -c "from specdec_ref import zoo; zoo.load('zoo:smollm2')" >/dev/null 2>&1 \
+        || echo "warm-up: converting SmolLM2 failed (its tests will say why)"
+      env $warm $py -c "from specdec_ref.zoo.corpus import cached_corpus; cached_corpus()" || true; } &
+    local models=$!
+    env $warm $py -c "$kernels" && env $warm SPECDEC_BF16_KERNEL=avx2 $py -c "$kernels" || true
+    wait $models
+}
+phase warm_caches
 if ! wait $vllm_setup; then cat "$vllm_log" >&2; exit 1; fi
 cat "$vllm_log"; rm -f "$vllm_log"
 echo "[phase] bash scripts/setup_vllm_env.sh (beside the one above) done after $((SECONDS - start)) s"
