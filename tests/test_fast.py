@@ -240,6 +240,21 @@ def test_compiled_greedy_drafts_match_the_per_step_loop():
         assert vocab_size is None or int(drafts.max()) < min(vocab, vocab_size)
 
 
+def test_compiled_models_alike_in_shape_each_run_their_own_graphs():
+    """The compiled copies skip the guards on their modules, so each has code of its own: two
+    Llamas of one shape and weights but for their activation function, called in turns, each
+    decode as they do eagerly."""
+    models = [build("llama", 64, 2, seed=3) for _ in range(2)]
+    for layer in models[1].model.layers:
+        layer.mlp.act_fn = torch.nn.GELU()
+    ids = prompt(9, seed=2)
+    assert not torch.equal(greedy(models[0], ids), greedy(models[1], ids))
+    compiled = [fast.prepare(model, compile=True) for model in models]
+    for _ in range(2):
+        for model, fast_model in zip(models, compiled):
+            assert torch.equal(greedy(fast_model, ids), greedy(model, ids))
+
+
 def test_model_drafter_drafts_in_one_graph_only_greedy_and_without_a_confidence_stop(zoo_models):
     compiled = fast.prepare(zoo_models["draft"], compile=True)
     one_graph = CountingGreedyDrafts(compiled)
