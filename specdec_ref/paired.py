@@ -12,6 +12,8 @@ that generation runs recorded, for comparison with the isolated passes of
 :func:`specdec_ref.costs.measure_costs`. :func:`check_speed` is the check every printed verdict
 on a speedup passes first: enough pairs, and nothing the cost model says cannot happen;
 :func:`time_speedup` times plain against speculative decoding until that check can read the result.
+:func:`paid_costs` and :func:`in_run_problem` read the costs a timed comparison paid, round by
+round, and say when they cannot be used; :func:`load_since_last_call` says how busy the machine was.
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import psutil
 
 from .stats import GenerationStats
 from .timing import quartiles, time_paired
@@ -247,6 +251,49 @@ def in_run_costs(baseline: Iterable[GenerationStats], speculative: Iterable[Gene
     step = decode_seconds / steps
     c = spec.draft_seconds / spec.draft_forward_calls / step if spec.draft_forward_calls else 0.0
     return c, spec.verify_seconds / spec.iterations / step
+
+
+def decode_step_seconds(baseline: Iterable[GenerationStats]) -> float:
+    """The plain decode step inside baseline runs: seconds per target pass after the prefill."""
+    baseline = list(baseline)
+    return sum(s.verify_seconds for s in baseline) / sum(s.target_forward_calls - 1 for s in baseline)
+
+
+def split_rounds(stats: Sequence[GenerationStats], rounds: int) -> list[Sequence[GenerationStats]]:
+    """The stats :func:`recording` kept over ``rounds`` timed calls, one list per call (each call
+    ran the same prompts, one stats per prompt)."""
+    size = len(stats) // rounds
+    return [stats[i * size:(i + 1) * size] for i in range(rounds)]
+
+
+def paid_costs(baseline: Sequence[GenerationStats], speculative: Sequence[GenerationStats],
+               rounds: int) -> tuple[float, float]:
+    """(c, v) as timed runs paid them (:func:`in_run_costs`), round by round, then the median over
+    the rounds, so that one disturbed round cannot set them."""
+    each = [in_run_costs(b, s) for b, s in zip(split_rounds(baseline, rounds), split_rounds(speculative, rounds))]
+    return tuple(statistics.median(x) for x in zip(*each))
+
+
+def in_run_problem(check: SpeedCheck, costs: tuple[float, float], k: int) -> str:
+    """Why the in-run (c, v) of a measurement cannot stand for the drafter's costs ("" when they
+    can): read from a timing :func:`check_speed` flagged, or a fully rejected iteration (k draft
+    passes and a verification) cheaper than the plain step it replaces, which no run can pay."""
+    c_run, v_run = costs
+    if check.problems:
+        return "read from a flagged timing"
+    if k * c_run + v_run < 1:
+        return f"a fully rejected iteration at {k * c_run + v_run:.2f} plain steps, cheaper than the step it replaces"
+    return ""
+
+
+_THIS_PROCESS = psutil.Process()
+
+
+def load_since_last_call() -> tuple[float, float]:
+    """Cores busy since the previous call: (other programs, this process), from the machine's CPU
+    use and this process's (the first call reads since the process started)."""
+    own = _THIS_PROCESS.cpu_percent() / 100
+    return max(0.0, psutil.cpu_percent() / 100 * psutil.cpu_count() - own), own
 
 
 def recording(fn: Callable[[], Iterable[Any]], into: list[GenerationStats]) -> Callable[[], list[Any]]:

@@ -12,6 +12,7 @@ from factories import assert_passes_on_the_avx2_build, build
 from specdec_ref import autoregressive_generate, speculative_generate, zoo
 from specdec_ref.kernels import bf16 as bf16_weights, build as kernel_build, fast, gguf as gguf_weights
 from specdec_ref.eagle import EagleDrafter
+from specdec_ref.kv_cache import new_cache
 from specdec_ref.roofline import streamed_weight_bytes, weight_bytes
 from test_bf16_weights import rounding_bound
 
@@ -137,6 +138,31 @@ def test_a_layer_keeps_its_parameters_and_adds_its_bias():
     assert "code=Q4_1" in repr(layer)
 
 
+def coded_layer(bits: int, out_features: int, in_features: int, seed: int) -> gguf_weights.GgufWeightLinear:
+    linear = torch.nn.Linear(in_features, out_features, bias=False)
+    linear.weight.data = coded(bits, out_features, in_features, seed)[0]
+    return gguf_weights.GgufWeightLinear.from_layer(linear)
+
+
+@needs_kernel
+def test_stacked_layers_give_each_layer_its_own_output_in_one_call():
+    layers = [coded_layer(4, rows, 96, seed) for seed, rows in enumerate((64, 32, 32))]
+    alone = [layer.packed.clone() for layer in layers]
+    stacked = gguf_weights.StackedCodes(layers)
+    # Each layer now reads its part of the one stream, unchanged.
+    assert all(torch.equal(layer.packed, copy) for layer, copy in zip(layers, alone))
+    assert layers[1].packed.data_ptr() == stacked.packed.data_ptr() + alone[0].numel()
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for rows in (1, 3, gguf_weights.MAX_ROWS, gguf_weights.MAX_ROWS + 1, 40):  # the last two: PyTorch's kernel
+            x = torch.randn(1, rows, 96, generator=generator)
+            outputs = stacked(x)
+            assert [tuple(out.shape) for out in outputs] == [(1, rows, 64), (1, rows, 32), (1, rows, 32)]
+            assert all(torch.equal(out, layer(x)) for out, layer in zip(outputs, layers)), rows
+    with pytest.raises(ValueError, match="one code"):
+        gguf_weights.StackedCodes([coded_layer(4, 32, 96, 0), coded_layer(8, 32, 96, 1)])
+
+
 @pytest.fixture(scope="module")
 def smollm2():
     target, tokenizer = zoo.load("zoo:smollm2")
@@ -155,6 +181,25 @@ def test_prepare_reads_smollm2_as_its_gguf_codes(smollm2):
     assert all(m.packed.numel() == m.weight.numel() * (m.bits + 2) // 8 for m in layers)
     assert streamed_weight_bytes(quick) == weight_bytes(target) - fp32_bytes + sum(m.packed.numel() for m in layers)
     assert streamed_weight_bytes(quick) < weight_bytes(target) / 4
+
+
+@needs_kernel
+def test_smollm2_reads_q_k_v_and_gate_up_in_one_call_each_with_the_same_logits(smollm2, monkeypatch):
+    target, tokenizer, quick = smollm2
+    stacked = [m for m in quick.modules() if isinstance(m, gguf_weights.StackedCodes)]
+    assert len(stacked) == 2 * target.config.num_hidden_layers
+    monkeypatch.setattr(gguf_weights, "stack_projections", lambda model: 0)
+    unstacked = fast.prepare(target)
+    assert not any(isinstance(m, gguf_weights.StackedCodes) for m in unstacked.modules())
+    ids = tokenizer("The tide rises twice a day because", return_tensors="pt").input_ids
+
+    @torch.no_grad()
+    def passes(model):  # the prompt, then a one-token step and a pass of four
+        cache = new_cache(model)
+        return [model(part, past_key_values=cache, use_cache=True).logits
+                for part in (ids[:, :-5], ids[:, -5:-4], ids[:, -4:])]
+
+    assert all(torch.equal(a, b) for a, b in zip(passes(quick), passes(unstacked)))
 
 
 @needs_kernel

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from specdec_ref.paired import (beyond_same_work, gap_from_one, in_run_costs, paired_ratio, recording, side_of, speed_phrase, speed_verdict,
-                                time_rotated)
+from specdec_ref.paired import (SpeedCheck, beyond_same_work, decode_step_seconds, gap_from_one, in_run_costs, in_run_problem,
+                                load_since_last_call, paid_costs, paired_ratio, recording, side_of, speed_phrase,
+                                speed_verdict, split_rounds, time_rotated)
 from specdec_ref.stats import GenerationOutput, GenerationStats
 
 
@@ -70,6 +71,32 @@ def test_in_run_costs_uses_the_baselines_decode_steps_as_the_unit():
     assert c == pytest.approx(0.2) and v == pytest.approx(1.5)
     with pytest.raises(ValueError):
         in_run_costs([], spec)
+
+
+def test_paid_costs_are_the_median_over_rounds_of_each_rounds_costs():
+    # three rounds of one prompt each; the second round's draft passes were slowed by something else
+    base = [GenerationStats(target_forward_calls=5, prefill_seconds=0.05, verify_seconds=0.04) for _ in range(3)]
+    spec = [GenerationStats(iterations=3, draft_forward_calls=12, draft_seconds=seconds, verify_seconds=0.045)
+            for seconds in (0.024, 0.240, 0.030)]
+    assert split_rounds(spec, 3) == [[spec[0]], [spec[1]], [spec[2]]]
+    assert decode_step_seconds(base) == pytest.approx(0.01)
+    c, v = paid_costs(base, spec, 3)
+    assert c == pytest.approx(0.25) and v == pytest.approx(1.5)  # the disturbed round sets neither
+
+
+def test_in_run_problem_names_flagged_timings_and_impossible_costs():
+    clean = SpeedCheck(ratio=1.3, spread=(1.2, 1.4), pairs=9, ceiling=2.0, problems=())
+    flagged = SpeedCheck(ratio=3.0, spread=(2.8, 3.1), pairs=9, ceiling=2.0, problems=("above the ceiling",))
+    assert in_run_problem(clean, (0.2, 1.5), 3) == ""
+    assert in_run_problem(flagged, (0.2, 1.5), 3) == "read from a flagged timing"
+    assert "0.80 plain steps" in in_run_problem(clean, (0.1, 0.5), 3)  # 3 * 0.1 + 0.5 < 1
+
+
+def test_load_since_last_call_counts_this_process_apart():
+    load_since_last_call()
+    sum(i * i for i in range(3_000_000))  # keeps this process busy for a moment
+    others, own = load_since_last_call()
+    assert own > 0.2 and others >= 0.0
 
 
 def test_recording_keeps_each_outputs_stats():

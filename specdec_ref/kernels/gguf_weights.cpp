@@ -148,13 +148,11 @@ static constexpr BlockKernel KERNELS[MAX_ROWS + 1] = {
     block_kernel<BITS, 9>, block_kernel<BITS, 10>, block_kernel<BITS, 11>, block_kernel<BITS, 12>,
     block_kernel<BITS, 13>, block_kernel<BITS, 14>, block_kernel<BITS, 15>, block_kernel<BITS, 16>};
 
-static at::Tensor gguf_weights_linear(const at::Tensor &x, const at::Tensor &packed, const at::Tensor &weight,
-                                      int64_t bits) {
-    const int64_t k = x.size(-1), n = weight.size(0), m = x.numel() / k;
-    if (m > MAX_ROWS || m == 0) return at::linear(x, weight);
+// y = x @ w.T for the n weight rows coded in `packed`, 1 to MAX_ROWS input rows.
+static at::Tensor coded_linear(const at::Tensor &x, const at::Tensor &packed, int64_t n, int64_t bits) {
+    const int64_t k = x.size(-1), m = x.numel() / k;
     TORCH_CHECK(bits == 4 || bits == 8, "gguf_weights_linear: codes of 4 or 8 bits");
-    TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat && weight.size(1) == k,
-                "gguf_weights_linear: float32 input and weight with matching widths");
+    TORCH_CHECK(x.scalar_type() == at::kFloat, "gguf_weights_linear: a float32 input");
     const int64_t stream = n / ROWS * k / GROUP * (bits == 4 ? group_bytes(4) : group_bytes(8));
     TORCH_CHECK(k % GROUP == 0 && n % ROWS == 0 && packed.scalar_type() == at::kByte && packed.numel() == stream,
                 "gguf_weights_linear: a packed weight of a shape the kernel covers (gguf_weights.fits)");
@@ -174,7 +172,41 @@ static at::Tensor gguf_weights_linear(const at::Tensor &x, const at::Tensor &pac
     return out;
 }
 
+static void check_weight(const at::Tensor &x, const at::Tensor &weight) {
+    TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.dim() == 2 && weight.size(1) == x.size(-1),
+                "gguf_weights_linear: float32 input and weight with matching widths");
+}
+
+static at::Tensor gguf_weights_linear(const at::Tensor &x, const at::Tensor &packed, const at::Tensor &weight,
+                                      int64_t bits) {
+    const int64_t m = x.numel() / x.size(-1);
+    if (m > MAX_ROWS || m == 0) return at::linear(x, weight);
+    check_weight(x, weight);
+    return coded_linear(x, packed, weight.size(0), bits);
+}
+
+// Layers that read the same input (q, k and v; gate and up), their codes stacked in one stream
+// (gguf.StackedCodes): one call instead of one each, every output what its layer's own call
+// gives, since a row's sums do not depend on the rows around it.
+static at::Tensor gguf_stacked_linear(const at::Tensor &x, const at::Tensor &packed, at::TensorList weights,
+                                      int64_t bits) {
+    const int64_t m = x.numel() / x.size(-1);
+    if (m > MAX_ROWS || m == 0) {
+        std::vector<at::Tensor> outs;
+        for (const at::Tensor &weight : weights) outs.push_back(at::linear(x, weight));
+        return at::cat(outs, -1);
+    }
+    int64_t n = 0;
+    for (const at::Tensor &weight : weights) {
+        check_weight(x, weight);
+        n += weight.size(0);
+    }
+    return coded_linear(x, packed, n, bits);
+}
+
 TORCH_LIBRARY_FRAGMENT(specdec, library) {
     library.def("gguf_weights_linear(Tensor x, Tensor packed, Tensor weight, int bits) -> Tensor");
     library.impl("gguf_weights_linear", c10::DispatchKey::CPU, TORCH_FN(gguf_weights_linear));
+    library.def("gguf_stacked_linear(Tensor x, Tensor packed, Tensor[] weights, int bits) -> Tensor");
+    library.impl("gguf_stacked_linear", c10::DispatchKey::CPU, TORCH_FN(gguf_stacked_linear));
 }
