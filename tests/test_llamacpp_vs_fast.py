@@ -223,10 +223,15 @@ def test_worker_checks_generate_requests_without_llama_cpp():
     assert json.loads(json.dumps(worker_module.handle({"op": "ping"}, {})))["ok"]
 
 
-def test_the_recorded_run_reads_without_llama_cpp():
-    """The committed run (docs/BENCHMARKS.md) carries what it was measured on, and its figures agree
-    with its own per-prompt numbers."""
-    record = json.loads((REPO / "benchmarks" / "results" / "llamacpp_vs_fast_xeon.json").read_text())
+RECORDED_RUNS = sorted((REPO / "benchmarks" / "results").glob("llamacpp_vs_fast_*.json"))
+
+
+@pytest.mark.parametrize("path", RECORDED_RUNS, ids=lambda path: path.stem)
+def test_the_recorded_runs_read_without_llama_cpp(path):
+    """Each committed run (docs/BENCHMARKS.md) carries what it was measured on, and its figures
+    agree with its own per-prompt numbers."""
+    assert len(RECORDED_RUNS) >= 2  # the Xeon's and the Zen 3's
+    record = json.loads(path.read_text())
     assert record["command"].startswith("python benchmarks/llamacpp_vs_fast.py")
     assert record["date"] and record["machine"]["cpu"] and record["load_average"]["start"]
     assert record["versions"]["llama-cpp-python"] and record["versions"]["torch"]

@@ -13,7 +13,9 @@ weight is rebuilt bit for bit; ``gguf_weights.cpp`` is the kernel (AVX-512, or A
 on torch's threads), built like :mod:`specdec_ref.kernels.bf16`'s into the course cache folder. It serves
 passes of up to :data:`MAX_ROWS` tokens (decode steps, verifications), each token's output the
 same whatever the pass's length; longer passes (a prefill) use PyTorch's kernel on the fp32
-weight, which the layer keeps. :func:`specdec_ref.kernels.fast.prepare` uses it wherever it applies.
+weight, which the layer keeps. :func:`specdec_ref.kernels.fast.prepare` uses it wherever it applies,
+and reads the layers that share an input (a Llama layer's q, k and v; its MLP's gate and up) in one
+call each (:class:`StackedCodes`, :func:`stack_projections`).
 """
 from __future__ import annotations
 
