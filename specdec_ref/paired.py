@@ -237,26 +237,27 @@ def side_of(spread: tuple[float, float], band: tuple[float, float]) -> str:
     return "overlapping"
 
 
+def decode_step_seconds(baseline: Iterable[GenerationStats]) -> float:
+    """The plain decode step inside baseline runs: seconds per target pass after the prefill."""
+    baseline = list(baseline)
+    steps = sum(s.target_forward_calls - (1 if s.prefill_seconds else 0) for s in baseline)
+    decode_seconds = sum(s.verify_seconds for s in baseline)
+    if steps < 1 or decode_seconds <= 0:
+        raise ValueError("need baseline runs with decode steps")
+    return decode_seconds / steps
+
+
 def in_run_costs(baseline: Iterable[GenerationStats], speculative: Iterable[GenerationStats]) -> tuple[float, float]:
     """(c, v) as generation runs paid them, in units of the baseline runs' own decode step (their
     target passes after the prefill): c = draft seconds per draft pass, v = verification seconds
     per verification pass, each a ratio of totals over the runs given (one stats per run). The
     draft seconds include the drafter's own bookkeeping around its passes."""
-    baseline, speculative = list(baseline), list(speculative)
-    steps = sum(s.target_forward_calls - (1 if s.prefill_seconds else 0) for s in baseline)
-    decode_seconds = sum(s.verify_seconds for s in baseline)
-    spec = GenerationStats.combined(speculative)
-    if steps < 1 or decode_seconds <= 0 or not spec.iterations:
-        raise ValueError("need baseline runs with decode steps and speculative runs with iterations")
-    step = decode_seconds / steps
+    spec = GenerationStats.combined(list(speculative))
+    if not spec.iterations:
+        raise ValueError("need speculative runs with iterations")
+    step = decode_step_seconds(baseline)
     c = spec.draft_seconds / spec.draft_forward_calls / step if spec.draft_forward_calls else 0.0
     return c, spec.verify_seconds / spec.iterations / step
-
-
-def decode_step_seconds(baseline: Iterable[GenerationStats]) -> float:
-    """The plain decode step inside baseline runs: seconds per target pass after the prefill."""
-    baseline = list(baseline)
-    return sum(s.verify_seconds for s in baseline) / sum(s.target_forward_calls - 1 for s in baseline)
 
 
 def split_rounds(stats: Sequence[GenerationStats], rounds: int) -> list[Sequence[GenerationStats]]:
