@@ -203,12 +203,13 @@ CORRECT = {"expected_tokens_per_pass": TOKENS_CLOSED_FORM, "accept_greedy": ACCE
 STUDENTS = {
     "alt_correct": CORRECT,
     "seed_formula": {**CORRECT, "expected_tokens_per_pass": TOKENS_SEED_FORMULA},
-    "counts_all_matches": {**CORRECT, "accept_greedy": ACCEPT_COUNTS_ALL},
     "calls_reference": {**CORRECT, "greedy_speculative_generate": DECODER_CALLS_REFERENCE},
     "never_drafts": {**CORRECT, "greedy_speculative_generate": DECODER_NEVER_DRAFTS},
     "ignores_k": {**CORRECT, "greedy_speculative_generate": DECODER_IGNORES_K},
     "no_bonus": {**CORRECT, "greedy_speculative_generate": DECODER_NO_BONUS},
-    "overshoots": {**CORRECT, "greedy_speculative_generate": DECODER_OVERSHOOTS},
+    # Two bugs in two functions, as students hand in too: it loses what each loses alone.
+    "counts_all_matches_and_overshoots": {**CORRECT, "accept_greedy": ACCEPT_COUNTS_ALL,
+                                          "greedy_speculative_generate": DECODER_OVERSHOOTS},
     "keeps_rejected": {**CORRECT, "greedy_speculative_generate": DECODER_KEEPS_REJECTED},
     # Broken inputs, not wrong answers: what a real class hands in.
     "crash_kernel": {**CORRECT, "accept_greedy": ACCEPT_KILLS_KERNEL,
