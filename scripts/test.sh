@@ -35,11 +35,11 @@ echo "[phase] bash scripts/setup_vllm_env.sh (beside the one above) done after $
 # nbgrader runs alembic as a subprocess: the environment's bin/ must be on PATH.
 export PATH="$PWD/.venv/bin:$PATH"
 # Two pytest runs at once, one per core (tests/conftest.py splits the tests by measured time):
-# "side" holds the vLLM servers' tests, lesson 8, the class's grading and the solutions run as a
-# learner runs them; "main" the rest, lessons first. Then the few tests that need an idle machine
-# run alone ("quiet"). The side run's report follows the main one's. The script fails with the
-# first failing run's status (5, nothing selected, is not a failure unless all three selected
-# nothing).
+# "side" holds the vLLM servers' tests, lesson 8, the sample class's grading, the instructors' guide
+# run as a class of three, and the solutions run as a learner runs them; "main" the rest, lessons
+# first. Then the few tests that need an idle machine run alone ("quiet"). The side run's report
+# follows the main one's. The script fails with the first failing run's status (5, nothing
+# selected, is not a failure unless all three selected nothing).
 scratch=$(mktemp -d)
 phase_start=$SECONDS
 # The side run grades one notebook at a time until this file exists, then two (tests/conftest.py).
@@ -51,7 +51,7 @@ main_status=0; .venv/bin/python -m pytest --stream main "$@" || main_status=$?
 touch "$SPECDEC_MAIN_STREAM_DONE"
 echo "[phase] the main stream ended after $((SECONDS - phase_start)) s"
 side_status=0; wait $side_tests || side_status=$?
-echo "======== the side stream (vLLM servers, lesson 8, grading, the learner path), run beside the above ========"
+echo "======== the side stream (vLLM servers, lesson 8, grading, the class of three, the learner path), run beside the above ========"
 cat "$scratch/side.log"; rm -rf "$scratch"
 echo "[phase] the main and side streams took $((SECONDS - phase_start)) s"
 echo "======== the quiet stream: tests that need an idle machine, run alone ========"

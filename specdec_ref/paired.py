@@ -14,6 +14,7 @@ on a speedup passes first: enough pairs, and nothing the cost model says cannot 
 :func:`time_speedup` times plain against speculative decoding until that check can read the result.
 :func:`paid_costs` and :func:`in_run_problem` read the costs a timed comparison paid, round by
 round, and say when they cannot be used; :func:`load_since_last_call` says how busy the machine was.
+:func:`plot_speed_checks` draws checked speedups, pair by pair, beside their ceilings.
 """
 from __future__ import annotations
 
@@ -305,3 +306,42 @@ def recording(fn: Callable[[], Iterable[Any]], into: list[GenerationStats]) -> C
         into.extend(out.stats for out in outputs)
         return outputs
     return run
+
+
+FLAGGED_LABEL = "flagged: timing the cost model rules out"
+
+
+def plot_speed_checks(ax, checked: Mapping[str, tuple[Sequence[float], SpeedCheck]]) -> None:
+    """Draw paired speedups on the matplotlib axes ``ax``, one column per method (name ->
+    ``(ratios, check)``, the ratios baseline seconds over speculative seconds in the order run):
+    a point per pair, the median, and the ceiling the method's tokens per pass allow. A flagged
+    check's points are hollow and its median gray; a pair above the ceiling of a check that was
+    read is a red cross (possible only through the clock's noise, so drawn apart)."""
+    from matplotlib.lines import Line2D
+
+    above = False
+    for i, (ratios, check) in enumerate(checked.values()):
+        x = [i + 0.3 * (j / max(len(ratios) - 1, 1) - 0.5) for j in range(len(ratios))]
+        high = [not check.problems and check.ceiling is not None and r > check.ceiling for r in ratios]
+        above |= any(high)
+        ax.scatter([p for p, h in zip(x, high) if not h], [r for r, h in zip(ratios, high) if not h], zorder=3,
+                   edgecolors="tab:blue", facecolors="none" if check.problems else "tab:blue")
+        ax.scatter([p for p, h in zip(x, high) if h], [r for r, h in zip(ratios, high) if h], zorder=3, marker="x",
+                   color="tab:red")
+        ax.hlines(check.ratio, i - 0.25, i + 0.25, color="tab:gray" if check.problems else "tab:orange", linewidth=3)
+        if check.ceiling is not None:
+            ax.hlines(check.ceiling, i - 0.3, i + 0.3, color="tab:red", linestyle=":")
+    ax.axhline(1.0, color="black", linewidth=1, linestyle="--")
+    ax.set_xticks(range(len(checked)), list(checked))
+    ax.set_xlim(-0.6, len(checked) - 0.4)
+    ax.set_ylabel("speedup over the baseline (x)")
+    handles = [Line2D([], [], marker="o", linestyle="", color="tab:blue", label="one pair"),
+               Line2D([], [], color="tab:orange", linewidth=3, label="median"),
+               Line2D([], [], color="tab:red", linestyle=":", label="ceiling its tokens per pass allow"),
+               Line2D([], [], color="black", linestyle="--", label="baseline (1x)")]
+    if above:
+        handles.append(Line2D([], [], marker="x", linestyle="", color="tab:red", label="a pair above its ceiling"))
+    if any(check.problems for _, check in checked.values()):
+        handles.append(Line2D([], [], marker="o", linestyle="", markerfacecolor="none", color="tab:blue",
+                              label=FLAGGED_LABEL))
+    ax.legend(handles=handles, fontsize=8)

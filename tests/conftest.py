@@ -19,7 +19,7 @@ from factories import family_pair, tokenizer_a, tokenizer_b  # noqa: F401  (pyte
 # - main: everything else, lessons first;
 # - quiet: the tests marked ``quiet_machine``, which need the other cores idle.
 STREAMS = ("main", "side", "quiet")
-SIDE_FILES = ("test_grading.py", "test_learner_path.py")  # in this order (collection order)
+SIDE_FILES = ("test_grading.py", "test_grading_class.py", "test_learner_path.py")  # in this order (collection order)
 ONE_CORE_FIRST = ("test_notebooks.py",)
 
 

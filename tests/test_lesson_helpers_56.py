@@ -178,3 +178,30 @@ def test_time_speedup_measures_again_while_the_check_cannot_read_the_timing():
     assert check.verdict == "not read" and check.pairs == 20 and len(taus) == 3
     assert calls == {"baseline": 36, "speculative": 36}
     assert "above the 1.20x" in check.phrase("plain decoding")
+
+
+def test_plot_speed_checks_draws_each_pair_its_median_and_ceiling_and_marks_what_is_not_read():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from specdec_ref.paired import FLAGGED_LABEL, plot_speed_checks
+
+    read = SpeedCheck(ratio=1.3, spread=(1.2, 1.4), pairs=3, ceiling=1.5, problems=())
+    flagged = SpeedCheck(ratio=3.0, spread=(2.8, 3.1), pairs=2, ceiling=2.0, problems=("above the ceiling",))
+    fig, ax = plt.subplots()
+    plot_speed_checks(ax, {"lookup": ([1.2, 1.3, 1.6], read), "head": ([2.8, 3.1], flagged)})
+    from matplotlib.collections import PathCollection
+
+    points = [c for c in ax.collections if isinstance(c, PathCollection) and c.get_offsets().size]
+    # lookup: two pairs at or under its ceiling filled, one above it a cross; head: two hollow points
+    by_count = sorted((len(c.get_offsets()), tuple(c.get_offsets()[:, 1])) for c in points)
+    assert by_count == [(1, (1.6,)), (2, (1.2, 1.3)), (2, (2.8, 3.1))]
+    hollow = [c for c in points if len(c.get_offsets()) == 2 and not c.get_facecolor().size]
+    assert [tuple(c.get_offsets()[:, 1]) for c in hollow] == [(2.8, 3.1)]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "a pair above its ceiling" in labels and FLAGGED_LABEL in labels
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["lookup", "head"]
+    assert ax.get_ylabel() == "speedup over the baseline (x)"
+    plt.close(fig)
