@@ -19,7 +19,7 @@ phase bash scripts/setup_env.sh
 # vLLM's environment installs, two processes at a time.
 warm_caches() {
     local py=".venv/bin/python" warm="OMP_NUM_THREADS=1 MKL_NUM_THREADS=1"
-    local kernels="from specdec_ref.kernels import bf16, gguf; bf16.available(); gguf.available()"
+    local kernels="from specdec_ref.kernels import attention, bf16, gguf; attention.available(); bf16.available(); gguf.available()"
     # A failure here is not the suite's: the tests that need the cache build it again and say why.
     { env $warm $py -c "from specdec_ref import zoo; zoo.load('zoo:smollm2')" >/dev/null 2>&1 \
         || echo "warm-up: converting SmolLM2 failed (its tests will say why)"

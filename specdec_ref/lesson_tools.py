@@ -34,7 +34,8 @@ from .timing import decode_step, quartiles
 STEP_PARTS = ("weight matmuls", "attention", "concatenation", "other ops", "outside ops")
 # Top-level profiler op names that are a weight matmul (eager nn.Linear, GPT-2 Conv1D, the fast kernels).
 LINEAR_OPS = frozenset({"aten::linear", "aten::addmm", "mkldnn::_linear_pointwise", "specdec::bf16_weights_linear",
-                        "specdec::gguf_weights_linear"})
+                        "specdec::gguf_weights_linear", "specdec::gguf_stacked_linear"})
+ATTENTION_OPS = frozenset({"specdec::few_query_attention"})  # besides PyTorch's scaled_dot_product_* ops
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def measure_batch_costs(model: torch.nn.Module, context: int, batches: Iterable[
 def _part(name: str) -> str:
     if name in LINEAR_OPS:
         return "weight matmuls"
-    if "scaled_dot_product" in name:
+    if "scaled_dot_product" in name or name in ATTENTION_OPS:
         return "attention"
     if name == "aten::cat":
         return "concatenation"
@@ -118,7 +119,7 @@ def profile_step(model: torch.nn.Module, context: int = 64, batch: int = 1, repe
     One token per sequence on a ``context``-token KV cache, under ``torch.profiler``, after a
     warm-up step. Top-level ops are counted once, children included: ``weight matmuls``
     (``nn.Linear`` and the fast path's kernels), ``attention`` (fused scaled-dot-product
-    attention), ``concatenation`` (``aten::cat``: transformers' dynamic KV cache appends each
+    attention, or the fast path's attention kernel), ``concatenation`` (``aten::cat``: transformers' dynamic KV cache appends each
     new key and value by concatenating it to the whole cache, which copies the cache; rotary
     embeddings concatenate a little too), ``other ops``, and ``outside ops`` (wall time in no op:
     Python and ``transformers`` glue). ``total`` is the sum of those five medians, so the shares

@@ -119,16 +119,21 @@ def test_random_families_greedy_identical(family_pair):
             assert torch.equal(out.sequences, expected), (family, seed)
 
 
-def test_prepare_reads_grouped_query_heads_in_place_with_bit_identical_logits(monkeypatch):
+@pytest.mark.parametrize("kernel", ["few-query attention", "PyTorch's SDPA"])
+def test_prepare_reads_grouped_query_heads_in_place_with_the_logits_of_sdpa(monkeypatch, kernel):
     """A verification pass (several tokens on a cache, so under a mask) must not copy the cached keys
     and values per query head (transformers' repeat_kv) on the fast path, and must give the logits
-    transformers' own SDPA gives; the eager model keeps transformers' attention."""
+    transformers' own SDPA gives: bit for bit on PyTorch's kernel, to rounding on the course's
+    (another order of sums); the eager model keeps transformers' attention."""
     from transformers.integrations import sdpa_attention
+
+    from specdec_ref.kernels import attention
 
     model = build("qwen2", 64, 2, seed=3)  # 2 query heads sharing 1 key/value head
     quick = fast.prepare(model)
     assert quick.config._attn_implementation == fast.GQA_ATTENTION
     assert model.config._attn_implementation == "sdpa"
+    monkeypatch.setattr(attention, "loaded", attention.loaded and kernel == "few-query attention")
     copies = []
     monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda x, n: copies.append(n) or x.repeat_interleave(n, 1))
     ids = prompt(16, seed=1)
@@ -146,7 +151,12 @@ def test_prepare_reads_grouped_query_heads_in_place_with_bit_identical_logits(mo
                 assert copies, "transformers' SDPA no longer repeats grouped heads under a mask: this test is moot"
             else:
                 assert not copies
-    assert all(torch.equal(a, b) for a, b in zip(logits["sdpa"], logits[fast.GQA_ATTENTION]))
+    pairs = list(zip(logits["sdpa"], logits[fast.GQA_ATTENTION]))
+    if kernel == "PyTorch's SDPA":
+        assert all(torch.equal(a, b) for a, b in pairs)
+    else:
+        for a, b in pairs:
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
 
 
 class CountingGreedyDrafts:
@@ -358,6 +368,18 @@ def test_the_step_profile_counts_the_fast_kernels_as_weight_matmuls(zoo_models):
         profile = lesson_tools.profile_step(model, context=32, repeats=2)
         assert profile["weight matmuls"] > 0 and profile["attention"] > 0
         assert sum(profile[p] for p in lesson_tools.STEP_PARTS) == pytest.approx(profile["total"])
+
+
+def test_the_step_profile_knows_every_course_kernel():
+    """Each of the course's operators is counted as what it is (a weight matmul or attention), not
+    as one of the "other ops"."""
+    from specdec_ref.kernels import attention, bf16, gguf
+
+    for kernel in (attention, bf16, gguf):
+        assert kernel.available()[0]
+    names = {name for name in torch._C._dispatch_get_all_op_names() if name.startswith("specdec::")}
+    assert names >= {"specdec::few_query_attention", "specdec::gguf_stacked_linear"}
+    assert names <= lesson_tools.LINEAR_OPS | lesson_tools.ATTENTION_OPS
 
 
 @pytest.mark.parametrize("use_fast, halve, bytes_per_weight", [(False, False, 4), (True, False, 4), (False, True, 2)])

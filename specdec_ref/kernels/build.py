@@ -8,6 +8,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -60,10 +61,12 @@ def _output_shape(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor | 
     return x.new_empty(*x.shape[:-1], rows)
 
 
-def build_operator(source: Path, operators: tuple[str, ...], kernel: str) -> tuple[bool, str]:
+def build_operator(source: Path, operators: tuple[str, ...], kernel: str,
+                   output_shape: Callable[..., torch.Tensor] = _output_shape) -> tuple[bool, str]:
     """Build ``source`` (once per source, compiler, torch and CPU) into the course cache and load
     its ``specdec::`` operators: ``(ok, why not)``. ``kernel`` names it in the reason, with
-    the instruction set it was built for (AVX-512 where the CPU and the variant have it, else AVX2)."""
+    the instruction set it was built for (AVX-512 where the CPU and the variant have it, else AVX2).
+    ``output_shape`` gives torch.compile an operator's output without computing it."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return False, f"the kernel is written for x86-64 Linux, not {platform.system()} {platform.machine()}"
     flags = cpu_flags()
@@ -90,6 +93,6 @@ def build_operator(source: Path, operators: tuple[str, ...], kernel: str) -> tup
             os.replace(target, built)  # atomic: a concurrent build never sees half a file
     torch.ops.load_library(str(built))
     for name in operators:
-        torch.library.register_fake(f"specdec::{name}")(_output_shape)
+        torch.library.register_fake(f"specdec::{name}")(output_shape)
     isa = "AVX-512" if "avx512f" in flags and not variant else "AVX2"
     return True, f"the {kernel} is built ({isa}, {built.name})"

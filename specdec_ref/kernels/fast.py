@@ -13,9 +13,12 @@ eager layer first (:func:`~specdec_ref.kernels.packed.check_layer`):
 - prepacked oneDNN weights (:mod:`specdec_ref.kernels.packed`) for the rest;
 - with ``compile=True``, ``torch.compile`` on top (:mod:`specdec_ref.kernels.compiled`).
 
-A fast model's verification passes also read grouped-query attention heads in place
-(:func:`gqa_sdpa_attention`), and its loops get preallocated KV caches (:func:`kv_cache_capacity`
-positions, :class:`~specdec_ref.kv_cache.PreallocatedLayer`). A drafter's own layers (an EAGLE head)
+A fast model's decode steps and verification passes attend with the course's kernel
+(:mod:`specdec_ref.kernels.attention`: grouped-query heads read in place, each token computed as
+if alone, a few microseconds a layer; :func:`gqa_sdpa_attention`), and its loops get preallocated
+KV caches (:func:`kv_cache_capacity` positions, :class:`~specdec_ref.kv_cache.PreallocatedLayer`).
+On GGUF-coded weights every row of a pass is computed as if alone, so a verification pass gives
+each position the logits a one-token step gives, bit for bit. A drafter's own layers (an EAGLE head)
 go on the same kernels through :func:`specdec_ref.modules.like`.
 
 The eager model stays the default the lessons step through; ``python -m specdec_ref bench --fast``
@@ -33,7 +36,7 @@ from transformers import PretrainedConfig
 from ..kv_cache import CAPACITY_ATTRIBUTE
 from ..modules import copy_sharing_weights, linear_layers, mark_form
 from ..timing import decode_step, time_paired
-from . import bf16, gguf
+from . import attention, bf16, gguf
 from .compiled import compile_available, compile_model, is_compiled
 from .packed import TORCH_VERSION, PackedLinear, available, check_layer
 from .weights_first import is_weights_first
@@ -48,18 +51,24 @@ GQA_ATTENTION = "specdec_gqa_sdpa"
 def gqa_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                        attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                        is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
-    """``transformers``' SDPA attention, with grouped-query heads read in place under a mask too.
+    """``transformers``' SDPA attention, with grouped-query heads read in place under a mask too,
+    and the course's attention kernel for passes of a few tokens.
 
     For a pass of several tokens on top of a KV cache (a verification) ``transformers`` gives SDPA
     a mask, and then, to keep GPU kernels fast, repeats every cached key and value once per query
-    head sharing it (3x for SmolLM2): a copy of the whole cache per layer per pass. PyTorch's CPU
-    kernel reads grouped heads under a mask as they are (``enable_gqa``); the result is the same,
-    bit for bit. A one-token step and a prefill, which have no mask, run as they did.
+    head sharing it (3x for SmolLM2): a copy of the whole cache per layer per pass. Here grouped
+    heads are read as they are. A decode step or a verification pass (up to
+    :data:`~specdec_ref.kernels.attention.MAX_QUERIES` tokens) runs
+    :func:`~specdec_ref.kernels.attention.few_query_attention`, which gives each token what a
+    one-token step gives; a prefill runs PyTorch's kernel (``enable_gqa``).
     """
     causal = query.shape[2] > 1 and attention_mask is None and (
         is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if attention.loaded and dropout == 0.0 and attention.serves(query, key, attention_mask):
+        return attention.few_query_attention(query, key, value, attention_mask, scale, causal), None
     out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=causal,
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scale, is_causal=causal,
         enable_gqa=key.shape[1] != query.shape[1])
     return out.transpose(1, 2).contiguous(), None
 
@@ -72,6 +81,7 @@ def _read_grouped_heads_in_place(model: torch.nn.Module) -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+    attention.available()  # builds the kernel once, outside any compiled graph
     AttentionInterface.register(GQA_ATTENTION, gqa_sdpa_attention)
     AttentionMaskInterface.register(GQA_ATTENTION, sdpa_mask)
     config._attn_implementation_internal = GQA_ATTENTION
@@ -255,10 +265,9 @@ def prepare(model: torch.nn.Module, only_if_faster: bool = False, compile: bool 
                       FastPathWarning, stacklevel=2)
         return model
     gguf.stack_projections(fast_model)
+    _read_grouped_heads_in_place(fast_model)
     if compile:
         fast_model = compile_model(fast_model)
-    else:
-        _read_grouped_heads_in_place(fast_model)
     setattr(fast_model, CAPACITY_ATTRIBUTE, kv_cache_capacity(fast_model))
     mark_form(fast_model, _SameForm(compile, bf16_weights, gguf_weights, eager_layers=not is_fast(fast_model)))
     if only_if_faster:
