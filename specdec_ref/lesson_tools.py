@@ -34,7 +34,7 @@ from .timing import decode_step, quartiles
 STEP_PARTS = ("weight matmuls", "attention", "concatenation", "other ops", "outside ops")
 # Top-level profiler op names that are a weight matmul (eager nn.Linear, GPT-2 Conv1D, the fast kernels).
 LINEAR_OPS = frozenset({"aten::linear", "aten::addmm", "mkldnn::_linear_pointwise", "specdec::bf16_weights_linear",
-                        "specdec::gguf_weights_linear", "specdec::gguf_stacked_linear"})
+                        "specdec::gguf_weights_linear"})
 ATTENTION_OPS = frozenset({"specdec::few_query_attention"})  # besides PyTorch's scaled_dot_product_* ops
 
 

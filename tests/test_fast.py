@@ -378,7 +378,7 @@ def test_the_step_profile_knows_every_course_kernel():
     for kernel in (attention, bf16, gguf):
         assert kernel.available()[0]
     names = {name for name in torch._C._dispatch_get_all_op_names() if name.startswith("specdec::")}
-    assert names >= {"specdec::few_query_attention", "specdec::gguf_stacked_linear"}
+    assert names >= {"specdec::few_query_attention", "specdec::gguf_weights_linear", "specdec::bf16_weights_linear"}
     assert names <= lesson_tools.LINEAR_OPS | lesson_tools.ATTENTION_OPS
 
 

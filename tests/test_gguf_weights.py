@@ -161,6 +161,11 @@ def test_stacked_layers_give_each_layer_its_own_output_in_one_call():
             assert all(torch.equal(out, layer(x)) for out, layer in zip(outputs, layers)), rows
     with pytest.raises(ValueError, match="one code"):
         gguf_weights.StackedCodes([coded_layer(4, 32, 96, 0), coded_layer(8, 32, 96, 1)])
+    # The operator serves passes up to MAX_ROWS rows; the layers give longer ones to PyTorch's kernel.
+    with pytest.raises(RuntimeError, match="1 to 16 input rows"):
+        torch.ops.specdec.gguf_weights_linear(torch.randn(gguf_weights.MAX_ROWS + 1, 96), stacked.packed, 128, 4)
+    with pytest.raises(RuntimeError, match="a packed weight of a shape the kernel covers"):
+        torch.ops.specdec.gguf_weights_linear(torch.randn(2, 96), stacked.packed, 96, 4)
 
 
 @pytest.fixture(scope="module")

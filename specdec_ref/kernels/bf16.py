@@ -31,10 +31,15 @@ COLUMNS = 16  # columns per packed tile: one AVX-512 register of fp32, two AVX2 
 MAX_ROWS = 16  # longest pass the kernel serves (MAX_ROWS in the C++ source); prefills read the fp32 weight
 
 
+def _output_shape(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """What torch.compile traces with: the operator's output, without computing it."""
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
 @cache
 def _operator() -> tuple[bool, str]:
     """Build and load the bf16-weight operator: (ok, why not)."""
-    return build_operator(SOURCE, ("bf16_weights_linear",), "bf16-weight kernel")
+    return build_operator(SOURCE, ("bf16_weights_linear",), "bf16-weight kernel", _output_shape)
 
 
 def available() -> tuple[bool, str]:

@@ -53,16 +53,8 @@ def _build_command(compiler: str, variant: tuple[str, ...], source: Path, target
             *(f"-L{path}" for path in library_paths()), "-lc10", "-ltorch_cpu", "-o", str(target)]
 
 
-def _output_shape(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor | list[torch.Tensor],
-                  *options) -> torch.Tensor:
-    """What torch.compile traces with: the operator's output, without computing it (for stacked
-    layers, ``weight`` is their list of weights)."""
-    rows = sum(w.shape[0] for w in weight) if isinstance(weight, (list, tuple)) else weight.shape[0]
-    return x.new_empty(*x.shape[:-1], rows)
-
-
 def build_operator(source: Path, operators: tuple[str, ...], kernel: str,
-                   output_shape: Callable[..., torch.Tensor] = _output_shape) -> tuple[bool, str]:
+                   output_shape: Callable[..., torch.Tensor]) -> tuple[bool, str]:
     """Build ``source`` (once per source, compiler, torch and CPU) into the course cache and load
     its ``specdec::`` operators: ``(ok, why not)``. ``kernel`` names it in the reason, with
     the instruction set it was built for (AVX-512 where the CPU and the variant have it, else AVX2).

@@ -34,10 +34,19 @@ MAX_ROWS = 16  # longest pass the kernel serves (MAX_ROWS in the C++ source): a 
 CODES = {4: "Q4_1", 8: "Q8_0"}  # code width in bits -> the GGUF type it matches
 
 
+def _output_shape(x: torch.Tensor, packed: torch.Tensor, out_features: int, bits: int) -> torch.Tensor:
+    """What torch.compile traces with: the operator's output, without computing it."""
+    return x.new_empty(*x.shape[:-1], out_features)
+
+
 @cache
 def available() -> tuple[bool, str]:
     """Whether the kernel can run here (building it on first use): ``(ok, reason)``, the reason one line."""
-    return build_operator(SOURCE, ("gguf_weights_linear", "gguf_stacked_linear"), "GGUF-code kernel")
+    return build_operator(SOURCE, ("gguf_weights_linear",), "GGUF-code kernel", _output_shape)
+
+
+def _rows(x: torch.Tensor) -> int:
+    return x.numel() // x.shape[-1]
 
 
 def fits(out_features: int, in_features: int) -> bool:
@@ -126,7 +135,9 @@ class GgufWeightLinear(torch.nn.Module):
         return None if code is None else cls(layer.weight, layer.bias, code)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.ops.specdec.gguf_weights_linear(x, self.packed, self.weight, self.bits)
+        if not 1 <= _rows(x) <= MAX_ROWS:  # a prefill: the fp32 weight, PyTorch's kernel
+            return torch.nn.functional.linear(x, self.weight, self.bias)
+        out = torch.ops.specdec.gguf_weights_linear(x, self.packed, self.out_features, self.bits)
         return out if self.bias is None else out + self.bias
 
     def extra_repr(self) -> str:
@@ -159,7 +170,9 @@ class StackedCodes(torch.nn.Module):
                 and len({(layer.bits, layer.in_features) for layer in layers}) == 1)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return torch.ops.specdec.gguf_stacked_linear(x, self.packed, self.weights, self.bits).split(self.sizes, -1)
+        if not 1 <= _rows(x) <= MAX_ROWS:
+            return tuple(torch.nn.functional.linear(x, weight) for weight in self.weights)
+        return torch.ops.specdec.gguf_weights_linear(x, self.packed, sum(self.sizes), self.bits).split(self.sizes, -1)
 
 
 def _attention_with_stacked_qkv(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],

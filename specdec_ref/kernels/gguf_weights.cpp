@@ -1,5 +1,5 @@
 // y = x @ w.T where every 32 weights of a row are a GGUF block code, read as that code, every
-// product and sum in fp32: the operator specdec::gguf_weights_linear(x, packed, weight, bits).
+// product and sum in fp32: the operator specdec::gguf_weights_linear(x, packed, out_features, bits).
 //
 // Q4_1 (bits = 4): w = d * q + m, q a 4-bit unsigned code; Q8_0 (bits = 8): w = d * q, q a signed
 // byte; d and m are float16 values, one pair per 32 weights. d * q is exact in fp32 (11 + 8
@@ -12,7 +12,9 @@
 // groups of 32 columns, each group its ROWS rows' (d, m) as floats, then for each of its two
 // tiles of 16 columns the ROWS rows' codes (8 bytes a row at 4 bits: byte j holds column j in its
 // low half and column j + 8 in its high half; 16 bytes at 8 bits). Passes of more than MAX_ROWS
-// rows (a prefill) use PyTorch's kernel on the fp32 weight instead.
+// rows (a prefill) use PyTorch's kernel on the fp32 weight instead (gguf.py). Layers that read the
+// same input (q, k and v; gate and up) are one stream of codes, one call (gguf.StackedCodes): every
+// output what its layer's own call gives, since a row's sums do not depend on the rows around it.
 //
 // AVX-512 where the compiler targets it (-march=native on an AVX-512 CPU): a tile of 16 columns is
 // one register, each input vector is loaded once per tile for all of a block's rows, and 32
@@ -172,41 +174,18 @@ static at::Tensor coded_linear(const at::Tensor &x, const at::Tensor &packed, in
     return out;
 }
 
-static void check_weight(const at::Tensor &x, const at::Tensor &weight) {
-    TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.dim() == 2 && weight.size(1) == x.size(-1),
-                "gguf_weights_linear: float32 input and weight with matching widths");
-}
-
-static at::Tensor gguf_weights_linear(const at::Tensor &x, const at::Tensor &packed, const at::Tensor &weight,
+// y = x @ w.T for 1 to MAX_ROWS rows of x and the out_features weight rows coded in `packed`
+// (stacked layers: their rows one after another). A longer pass (a prefill) is the caller's to run
+// on the fp32 weight (gguf.py): the operator does not take it, so a compiled graph of decode steps
+// and verification passes has only the codes as inputs.
+static at::Tensor gguf_weights_linear(const at::Tensor &x, const at::Tensor &packed, int64_t out_features,
                                       int64_t bits) {
     const int64_t m = x.numel() / x.size(-1);
-    if (m > MAX_ROWS || m == 0) return at::linear(x, weight);
-    check_weight(x, weight);
-    return coded_linear(x, packed, weight.size(0), bits);
-}
-
-// Layers that read the same input (q, k and v; gate and up), their codes stacked in one stream
-// (gguf.StackedCodes): one call instead of one each, every output what its layer's own call
-// gives, since a row's sums do not depend on the rows around it.
-static at::Tensor gguf_stacked_linear(const at::Tensor &x, const at::Tensor &packed, at::TensorList weights,
-                                      int64_t bits) {
-    const int64_t m = x.numel() / x.size(-1);
-    if (m > MAX_ROWS || m == 0) {
-        std::vector<at::Tensor> outs;
-        for (const at::Tensor &weight : weights) outs.push_back(at::linear(x, weight));
-        return at::cat(outs, -1);
-    }
-    int64_t n = 0;
-    for (const at::Tensor &weight : weights) {
-        check_weight(x, weight);
-        n += weight.size(0);
-    }
-    return coded_linear(x, packed, n, bits);
+    TORCH_CHECK(m >= 1 && m <= MAX_ROWS, "gguf_weights_linear: 1 to 16 input rows (a longer pass reads the fp32 weight)");
+    return coded_linear(x, packed, out_features, bits);
 }
 
 TORCH_LIBRARY_FRAGMENT(specdec, library) {
-    library.def("gguf_weights_linear(Tensor x, Tensor packed, Tensor weight, int bits) -> Tensor");
+    library.def("gguf_weights_linear(Tensor x, Tensor packed, int out_features, int bits) -> Tensor");
     library.impl("gguf_weights_linear", c10::DispatchKey::CPU, TORCH_FN(gguf_weights_linear));
-    library.def("gguf_stacked_linear(Tensor x, Tensor packed, Tensor[] weights, int bits) -> Tensor");
-    library.impl("gguf_stacked_linear", c10::DispatchKey::CPU, TORCH_FN(gguf_stacked_linear));
 }
