@@ -59,7 +59,7 @@ def test_matches_pytorch_attention_with_a_mask_of_either_kind_or_causal(heads, k
 @pytest.mark.parametrize("rows,keys", [(4, 9), (16, 61)])
 def test_each_row_is_computed_as_if_it_were_alone(rows, keys):
     """A verification pass's row t gives, bit for bit, what a one-token step at its position gives:
-    the same keys, read in the same order (PyTorch's kernel splits its work by the rows)."""
+    the same keys, read in the same order."""
     q, k, v = qkv(9, 3, rows, keys, 64, seed=1)
     together = attention.few_query_attention(q, k, v, None, 0.125, True)
     for row in range(rows):

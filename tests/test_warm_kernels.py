@@ -76,14 +76,29 @@ def test_a_kernel_forks_warm_in_the_folder_and_environment_asked_for(server, tmp
         manager.shutdown_kernel(now=True)
 
 
+def reply_to(client, msg_id: str, timeout: float) -> dict:
+    """The shell reply to request ``msg_id`` (a late reply to wait_for_ready's kernel_info requests
+    can come first on a busy machine)."""
+    end = time.monotonic() + timeout
+    while True:
+        reply = client.get_shell_msg(timeout=max(0.1, end - time.monotonic()))
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply
+
+
 def test_an_interrupt_stops_the_running_cell_and_the_kernel_goes_on(server, tmp_path):
     manager, client = started(tmp_path)
     try:
-        client.execute("import time\ntime.sleep(60)")
-        time.sleep(1)
+        # As nbgrader sends cells (allow_errors): a request sent with stop_on_error makes ipykernel
+        # abort the requests that reach it just after its error, a race with the next cell.
+        msg_id = client.execute("import time\nprint('asleep', flush=True)\ntime.sleep(60)", stop_on_error=False)
+        while True:  # interrupt once the cell runs, not before it starts
+            message = client.get_iopub_msg(timeout=30)
+            if message["msg_type"] == "stream" and "asleep" in message["content"]["text"]:
+                break
         begun = time.monotonic()
         manager.interrupt_kernel()
-        reply = client.get_shell_msg(timeout=20)
+        reply = reply_to(client, msg_id, timeout=20)
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
         assert time.monotonic() - begun < 20
         assert run(client, "print(6 * 7)") == ("ok", "42\n")

@@ -4,9 +4,9 @@
 // out[b, t, h] = softmax(scale * q[b, h, t] . k[b, h / group] + mask[t]) @ v[b, h / group], every
 // product and sum in fp32. A row's scores, softmax and weighted sum are computed in the same order
 // whether it is alone or one of a pass's rows, so a verification pass gives each position what a
-// one-token step gives, bit for bit (PyTorch's CPU flash attention splits its work by the number of
-// rows). It also starts no per-call blocking machinery: on SmolLM2's shapes a layer's attention is a
-// few microseconds of arithmetic.
+// one-token step gives, bit for bit (with PyTorch's CPU kernel, a SmolLM2 verification pass's logits
+// differ from the one-token steps' in the last bits). It also sets up no blocks per call: on SmolLM2's
+// shapes a layer's attention is a few microseconds of arithmetic.
 //
 // q: [B, Hq, T, D]; k, v: [B, Hkv, S, D] (Hq a multiple of Hkv, D a multiple of 8, the last dimension
 // contiguous); mask: none, or [B or 1, Hq or 1, T, S] booleans (True: the row reads the key) or floats
