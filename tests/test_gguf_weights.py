@@ -63,8 +63,9 @@ def test_block_code_refuses_what_no_code_rebuilds_exactly():
 
 
 def test_pack_layout():
-    """Block b, group g: its 4 rows' (scale, offset) floats, then per tile t of 16 columns the
-    rows' codes; at 4 bits byte j of row r holds columns 16t + j (low half) and 16t + j + 8."""
+    """Block b, group g: its 4 rows' (scale, offset) floats, then each row's codes for the group;
+    at 4 bits byte j of row r holds columns c = NIBBLE_ORDER[j] (low half) and c + 16 (high half)."""
+    assert sorted(gguf_weights.NIBBLE_ORDER) == list(range(16))
     weight, codes = coded(4, 8, 64)
     code = gguf_weights.block_code(weight)
     packed = gguf_weights.pack(code)
@@ -76,14 +77,14 @@ def test_pack_layout():
             scales = packed[start:start + 32].view(torch.float32).view(4, 2)
             assert torch.equal(scales[:, 0], code.scale[4 * b:4 * b + 4, g])
             assert torch.equal(scales[:, 1], code.offset[4 * b:4 * b + 4, g])
-            for t in range(2):
-                for r in range(4):
-                    row = packed[start + 32 + (t * 4 + r) * 8:][:8].long()
-                    columns = codes[4 * b + r, 32 * g + 16 * t:][:16]
-                    assert torch.equal(row & 15, columns[:8]) and torch.equal(row >> 4, columns[8:])
+            for r in range(4):
+                row = packed[start + 32 + r * 16:][:16].long()
+                columns = codes[4 * b + r, 32 * g:][:32]
+                order = torch.tensor(gguf_weights.NIBBLE_ORDER)
+                assert torch.equal(row & 15, columns[order]) and torch.equal(row >> 4, columns[order + 16])
     weight8, codes8 = coded(8, 4, 32)
     packed8 = gguf_weights.pack(gguf_weights.block_code(weight8))
-    assert torch.equal(packed8[32 + 16:32 + 32].view(torch.int8).long(), codes8[1, :16])  # tile 0, row 1
+    assert torch.equal(packed8[32 + 32:32 + 64].view(torch.int8).long(), codes8[1, :32])  # row 1
 
 
 KERNEL_CASES = [(4, 4, 32), (4, 64, 96), (4, 1536, 576), (4, 576, 1536), (8, 4, 32), (8, 1024, 576)]

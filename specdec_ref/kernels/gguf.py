@@ -31,6 +31,9 @@ SOURCE = Path(__file__).with_name("gguf_weights.cpp")
 ROWS = 4  # weight rows per packed block (ROWS in the C++ source)
 GROUP = 32  # weights per code block along a row, as in GGUF's Q4_1 and Q8_0
 MAX_ROWS = 16  # longest pass the kernel serves (MAX_ROWS in the C++ source): a tree of 15 drafts
+# At 4 bits, byte b of a row's 16 code bytes holds columns NIBBLE_ORDER[b] and NIBBLE_ORDER[b] + 16:
+# the order in which the AVX-512 kernel's lanes pick their byte out of one broadcast load.
+NIBBLE_ORDER = [4 * (b % 4) + b // 4 for b in range(GROUP // 2)]
 CODES = {4: "Q4_1", 8: "Q8_0"}  # code width in bits -> the GGUF type it matches
 
 
@@ -96,16 +99,17 @@ def block_code(weight: torch.Tensor) -> BlockCode | None:
 
 def pack(code: BlockCode) -> torch.Tensor:
     """``code`` in the kernel's layout, one uint8 stream: blocks of ROWS rows; each block, group by
-    group of 32 columns, its rows' (scale, offset) as float32, then per tile of 16 columns its
-    rows' codes (at 4 bits, byte j holds column j in its low half and column j + 8 in its high half)."""
+    group of 32 columns, its rows' (scale, offset) as float32, then each row's codes for the group
+    (at 4 bits, 16 bytes: byte b holds column c = :data:`NIBBLE_ORDER` [b] in its low half and
+    column c + 16 in its high half)."""
     out_features, in_features = code.codes.shape
     blocks, groups = out_features // ROWS, in_features // GROUP
     scales = torch.stack([code.scale, code.offset], -1).reshape(blocks, ROWS, groups, 2).transpose(1, 2)
     scale_bytes = scales.contiguous().view(torch.uint8).reshape(blocks, groups, -1)
-    tiles = code.codes.reshape(blocks, ROWS, groups, 2, GROUP // 2)
+    rows = code.codes.reshape(blocks, ROWS, groups, GROUP)
     if code.bits == 4:
-        tiles = tiles[..., :8] | (tiles[..., 8:] << 4)
-    code_bytes = tiles.to(torch.int8 if code.bits == 8 else torch.uint8).permute(0, 2, 3, 1, 4).contiguous()
+        rows = (rows[..., :GROUP // 2] | (rows[..., GROUP // 2:] << 4))[..., NIBBLE_ORDER]
+    code_bytes = rows.to(torch.int8 if code.bits == 8 else torch.uint8).transpose(1, 2).contiguous()
     code_bytes = code_bytes.view(torch.uint8).reshape(blocks, groups, -1)
     return torch.cat([scale_bytes, code_bytes], -1).reshape(-1)
 

@@ -9,17 +9,20 @@
 // of 32 (6 or 10 here: d and m are kept as fp32).
 //
 // Layout (gguf_weights.py packs it): rows in blocks of ROWS; a block is one sequential stream of
-// groups of 32 columns, each group its ROWS rows' (d, m) as floats, then for each of its two
-// tiles of 16 columns the ROWS rows' codes (8 bytes a row at 4 bits: byte j holds column j in its
-// low half and column j + 8 in its high half; 16 bytes at 8 bits). Passes of more than MAX_ROWS
-// rows (a prefill) use PyTorch's kernel on the fp32 weight instead (gguf.py). Layers that read the
-// same input (q, k and v; gate and up) are one stream of codes, one call (gguf.StackedCodes): every
-// output what its layer's own call gives, since a row's sums do not depend on the rows around it.
+// groups of 32 columns, each group its ROWS rows' (d, m) as floats, then each row's codes for the
+// group: 32 bytes at 8 bits; 16 bytes at 4 bits, byte 4 * (c % 4) + c / 4 holding column c (0-15)
+// in its low half and column c + 16 in its high half, the order in which AVX-512 lanes pick them
+// (decode below; AVX2 puts them back in column order with one byte shuffle). Passes of more than MAX_ROWS rows (a prefill) use PyTorch's kernel
+// (gguf.py). Layers that read the same input (q, k and v; gate and up) are one stream of codes,
+// one call (gguf.StackedCodes): every output what its layer's own call gives, since a row's sums
+// do not depend on the rows around it.
 //
-// AVX-512 where the compiler targets it (-march=native on an AVX-512 CPU): a tile of 16 columns is
-// one register, each input vector is loaded once per tile for all of a block's rows, and 32
-// registers hold the sums of all ROWS rows for passes of up to 6 tokens; AVX2 with FMA elsewhere
-// (SPECDEC_BF16_KERNEL=avx2 builds it on an AVX-512 CPU too). Each variant sums in its own order.
+// AVX-512 where the compiler targets it (-march=native on an AVX-512 CPU): a 4-bit group's 16
+// possible weights fma(d, 0..15, m) are one register, and each code picks its weight from it
+// (vpermps reads the low 4 bits of each lane), so a code becomes its fp32 weight in one shuffle
+// instead of a conversion and an fma; AVX2 with FMA elsewhere (SPECDEC_BF16_KERNEL=avx2 builds it
+// on an AVX-512 CPU too). Both add a row's products in column order, 16 (AVX-512) or 8 (AVX2)
+// lanes at a time.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -33,56 +36,50 @@ constexpr int GROUP = 32;
 constexpr int64_t MAX_ROWS = 16;
 constexpr int64_t PREFETCH = 1536;  // bytes ahead in the stream
 
-constexpr int row_bytes(int bits) { return GROUP / 2 * bits / 8; }  // one row's codes in one tile
-constexpr int code_bytes(int bits) { return ROWS * GROUP * bits / 8; }
-constexpr int group_bytes(int bits) { return ROWS * 2 * sizeof(float) + code_bytes(bits); }
+constexpr int row_bytes(int bits) { return GROUP * bits / 8; }  // one row's codes in one group
+constexpr int group_bytes(int bits) { return ROWS * (2 * sizeof(float) + row_bytes(bits)); }
 
-// Sums kept in registers per sweep: 32 AVX-512 registers less the rows' decoded weights and an
-// input; 16 AVX2 ones less d, m, two decoded weight vectors and an input.
+// Sums kept in registers per sweep: 32 AVX-512 registers less a block's decoded weights, an input
+// and the decoding's constants; 16 AVX2 ones less a row's decoded weights, d and m.
 #if defined(__AVX512F__)
-constexpr int ACCUMULATORS = 24;
+constexpr int ACCUMULATORS = 20;
 #else
-constexpr int ACCUMULATORS = 11;
+constexpr int ACCUMULATORS = 10;
 #endif
 constexpr int rows_per_sweep(int im) { return ROWS * im <= ACCUMULATORS ? ROWS : 2 * im <= ACCUMULATORS ? 2 : 1; }
 
-// decode(codes) reads the 16 codes of one row of one tile; multiply_tile<BITS, R, IM> adds one tile
-// of R weight rows times IM input rows to the sums acc[R][IM]; block_kernel<BITS, IM> multiplies
-// IM (1 to MAX_ROWS) input rows by one block of ROWS weight rows. Each sum sees its products in the
-// same order whatever IM is, so a row's output does not depend on how many rows share the pass:
-// a verification pass gives each position what a one-token step would.
+// multiply_group<BITS, R, IM> adds one group of 32 columns of R weight rows times IM input rows to
+// the sums acc[R][IM]; block_kernel<BITS, IM> multiplies IM (1 to MAX_ROWS) input rows by one
+// block of ROWS weight rows. Each sum sees its products in the same order whatever IM is, so a
+// row's output does not depend on how many rows share the pass: a verification pass gives each
+// position what a one-token step would.
 #if defined(__AVX512F__)
-using Sums = __m512;  // one tile of 16 columns per register
+constexpr int LANES = 16;
+using Sums = __m512;
 static inline Sums zero() { return _mm512_setzero_ps(); }
 static inline float total(Sums v) { return _mm512_reduce_add_ps(v); }
 
+// A row's 32 weights of one group, in two registers: w = d * q + m, rounded once as the fma rounds.
 template <int BITS>
-static inline __m512 decode(const uint8_t *codes) {
+static inline void decode(const uint8_t *codes, const float *scales, __m512 (&w)[2]) {
+    const __m512 d = _mm512_set1_ps(scales[0]), m = _mm512_set1_ps(scales[1]);
     if constexpr (BITS == 4) {
-        // Bytes 0-7 hold columns 0-7 in their low halves and 8-15 in their high halves.
-        const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(codes));
-        const __m128i halves = _mm_and_si128(_mm_unpacklo_epi64(bytes, _mm_srli_epi16(bytes, 4)), _mm_set1_epi8(15));
-        return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(halves));
+        const __m512 weights = _mm512_fmadd_ps(d, _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), m);
+        // Every 128-bit lane gets the 16 bytes; lane L shifts dword L % 4 by 8 * (L / 4), so its low
+        // byte is byte 4 * (L % 4) + L / 4, which holds columns L and L + 16 (pack's order).
+        const __m512i bytes = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i *>(codes)));
+        const __m512i low = _mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 16, 16, 16, 16, 24, 24, 24, 24);
+        w[0] = _mm512_permutexvar_ps(_mm512_srlv_epi32(bytes, low), weights);  // vpermps reads a lane's low 4 bits
+        w[1] = _mm512_permutexvar_ps(_mm512_srlv_epi32(bytes, _mm512_add_epi32(low, _mm512_set1_epi32(4))), weights);
     } else {
-        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(codes))));
-    }
-}
-
-// The R rows' weights are decoded first, so each input vector is loaded once for all of them.
-template <int BITS, int R, int IM>
-static inline void multiply_tile(Sums (&acc)[R][IM], const float *x, int64_t k, int64_t column,
-                                 const float *scales, const uint8_t *codes) {
-    __m512 w[R];
-    for (int r = 0; r < R; r++)
-        w[r] = _mm512_fmadd_ps(_mm512_set1_ps(scales[2 * r]), decode<BITS>(codes + r * row_bytes(BITS)),
-                               _mm512_set1_ps(scales[2 * r + 1]));
-    for (int i = 0; i < IM; i++) {
-        const __m512 input = _mm512_loadu_ps(x + i * k + column);
-        for (int r = 0; r < R; r++) acc[r][i] = _mm512_fmadd_ps(input, w[r], acc[r][i]);
+        for (int half = 0; half < 2; half++)
+            w[half] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                _mm_loadu_si128(reinterpret_cast<const __m128i *>(codes + 16 * half)))), m);
     }
 }
 #else
-using Sums = __m256;  // a tile of 16 columns in two halves, added into the same sums
+constexpr int LANES = 8;
+using Sums = __m256;
 static inline Sums zero() { return _mm256_setzero_ps(); }
 static inline float total(Sums v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -91,31 +88,48 @@ static inline float total(Sums v) {
 }
 
 template <int BITS>
-static inline void decode(const uint8_t *codes, __m256 &low, __m256 &high) {
+static inline void decode(const uint8_t *codes, const float *scales, __m256 (&w)[4]) {
+    const __m256 d = _mm256_broadcast_ss(scales), m = _mm256_broadcast_ss(scales + 1);
+    __m128i quarters[4];
     if constexpr (BITS == 4) {
-        const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(codes)));
-        low = _mm256_cvtepi32_ps(_mm256_and_si256(bytes, _mm256_set1_epi32(15)));
-        high = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
+        const __m128i order = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        const __m128i bytes = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i *>(codes)), order);
+        const __m128i low = _mm_and_si128(bytes, _mm_set1_epi8(15));
+        const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(15));
+        quarters[0] = low, quarters[1] = _mm_srli_si128(low, 8), quarters[2] = high, quarters[3] = _mm_srli_si128(high, 8);
+        for (int q = 0; q < 4; q++) w[q] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(quarters[q])), m);
     } else {
-        low = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(codes))));
-        high = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(codes + 8))));
+        for (int q = 0; q < 4; q++)
+            w[q] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                _mm_loadl_epi64(reinterpret_cast<const __m128i *>(codes + 8 * q)))), m);
     }
 }
+#endif
 
+#if defined(__AVX512F__)
+// All R rows' weights are decoded first, so each input vector is loaded once for all of them (a
+// verification pass's loads, not its fmas, bound it otherwise).
 template <int BITS, int R, int IM>
-static inline void multiply_tile(Sums (&acc)[R][IM], const float *x, int64_t k, int64_t column,
-                                 const float *scales, const uint8_t *codes) {
-    for (int r = 0; r < R; r++) {
-        const __m256 d = _mm256_broadcast_ss(scales + 2 * r);
-        const __m256 m = _mm256_broadcast_ss(scales + 2 * r + 1);
-        __m256 low, high;
-        decode<BITS>(codes + r * row_bytes(BITS), low, high);
-        low = _mm256_fmadd_ps(d, low, m);
-        high = _mm256_fmadd_ps(d, high, m);
-        for (int i = 0; i < IM; i++) {
-            acc[r][i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * k + column), low, acc[r][i]);
-            acc[r][i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * k + column + 8), high, acc[r][i]);
+static inline void multiply_group(Sums (&acc)[R][IM], const float *x, int64_t k, int64_t column,
+                                  const float *scales, const uint8_t *codes) {
+    __m512 w[R][2];
+    for (int r = 0; r < R; r++) decode<BITS>(codes + r * row_bytes(BITS), scales + 2 * r, w[r]);
+    for (int i = 0; i < IM; i++)
+        for (int part = 0; part < 2; part++) {
+            const __m512 input = _mm512_loadu_ps(x + i * k + column + part * LANES);
+            for (int r = 0; r < R; r++) acc[r][i] = _mm512_fmadd_ps(input, w[r][part], acc[r][i]);
         }
+}
+#else
+template <int BITS, int R, int IM>
+static inline void multiply_group(Sums (&acc)[R][IM], const float *x, int64_t k, int64_t column,
+                                  const float *scales, const uint8_t *codes) {
+    for (int r = 0; r < R; r++) {
+        Sums w[GROUP / LANES];
+        decode<BITS>(codes + r * row_bytes(BITS), scales + 2 * r, w);
+        for (int i = 0; i < IM; i++)
+            for (int part = 0; part < GROUP / LANES; part++)
+                acc[r][i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * k + column + part * LANES), w[part], acc[r][i]);
     }
 }
 #endif
@@ -132,10 +146,8 @@ static void block_kernel(const float *x, const uint8_t *block, float *y, int64_t
             for (int line = 0; line < group_bytes(BITS); line += 64)
                 _mm_prefetch(reinterpret_cast<const char *>(group + PREFETCH + line), _MM_HINT_T0);
             const float *scales = reinterpret_cast<const float *>(group) + 2 * r0;
-            const uint8_t *codes = group + ROWS * 2 * sizeof(float);
-            for (int tile = 0; tile < 2; tile++)
-                multiply_tile<BITS, R, IM>(acc, x, k, g * GROUP + tile * GROUP / 2, scales,
-                                           codes + (tile * ROWS + r0) * row_bytes(BITS));
+            const uint8_t *codes = group + ROWS * 2 * sizeof(float) + r0 * row_bytes(BITS);
+            multiply_group<BITS, R, IM>(acc, x, k, g * GROUP, scales, codes);
         }
         for (int r = 0; r < R; r++)
             for (int i = 0; i < IM; i++) y[i * n + r0 + r] = total(acc[r][i]);
