@@ -46,11 +46,12 @@ constexpr int ACCUMULATORS = 20;
 #else
 constexpr int ACCUMULATORS = 10;
 #endif
+constexpr int SWEEP_INPUTS = ACCUMULATORS / 2;
 constexpr int rows_per_sweep(int im) { return ROWS * im <= ACCUMULATORS ? ROWS : 2 * im <= ACCUMULATORS ? 2 : 1; }
 
 // multiply_group<BITS, R, IM> adds one group of 32 columns of R weight rows times IM input rows to
 // the sums acc[R][IM]; block_kernel<BITS, IM> multiplies IM (1 to MAX_ROWS) input rows by one
-// block of ROWS weight rows. Each sum sees its products in the same order whatever IM is, so a
+// block of ROWS weight rows, in sweeps. Each sum sees its products in the same order whatever IM is, so a
 // row's output does not depend on how many rows share the pass: a verification pass gives each
 // position what a one-token step would.
 #if defined(__AVX512F__)
@@ -134,24 +135,33 @@ static inline void multiply_group(Sums (&acc)[R][IM], const float *x, int64_t k,
 }
 #endif
 
+// One sweep: IM input rows times R weight rows (from r0) of one block, group by group.
+template <int BITS, int R, int IM>
+static void sweep(const float *x, const uint8_t *block, float *y, int64_t n, int64_t k, int r0) {
+    Sums acc[R][IM];
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < IM; i++) acc[r][i] = zero();
+    for (int64_t g = 0; g < k / GROUP; g++) {
+        const uint8_t *group = block + g * group_bytes(BITS);
+        for (int line = 0; line < group_bytes(BITS); line += 64)
+            _mm_prefetch(reinterpret_cast<const char *>(group + PREFETCH + line), _MM_HINT_T0);
+        const float *scales = reinterpret_cast<const float *>(group) + 2 * r0;
+        const uint8_t *codes = group + ROWS * 2 * sizeof(float) + r0 * row_bytes(BITS);
+        multiply_group<BITS, R, IM>(acc, x, k, g * GROUP, scales, codes);
+    }
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < IM; i++) y[i * n + r0 + r] = total(acc[r][i]);
+}
+
+// A sweep takes at most SWEEP_INPUTS input rows, with as many weight rows as the sums' registers
+// allow (then the block's other rows); a longer pass is cut into even chunks of inputs, so the rows
+// a sweep reads stay in the L1 cache (16 rows of 1536 floats would not) and its sums in registers.
 template <int BITS, int IM>
 static void block_kernel(const float *x, const uint8_t *block, float *y, int64_t n, int64_t k) {
-    constexpr int R = rows_per_sweep(IM);
-    for (int r0 = 0; r0 < ROWS; r0 += R) {
-        Sums acc[R][IM];
-        for (int r = 0; r < R; r++)
-            for (int i = 0; i < IM; i++) acc[r][i] = zero();
-        for (int64_t g = 0; g < k / GROUP; g++) {
-            const uint8_t *group = block + g * group_bytes(BITS);
-            for (int line = 0; line < group_bytes(BITS); line += 64)
-                _mm_prefetch(reinterpret_cast<const char *>(group + PREFETCH + line), _MM_HINT_T0);
-            const float *scales = reinterpret_cast<const float *>(group) + 2 * r0;
-            const uint8_t *codes = group + ROWS * 2 * sizeof(float) + r0 * row_bytes(BITS);
-            multiply_group<BITS, R, IM>(acc, x, k, g * GROUP, scales, codes);
-        }
-        for (int r = 0; r < R; r++)
-            for (int i = 0; i < IM; i++) y[i * n + r0 + r] = total(acc[r][i]);
-    }
+    constexpr int CHUNK = (IM + (IM + SWEEP_INPUTS - 1) / SWEEP_INPUTS - 1) / ((IM + SWEEP_INPUTS - 1) / SWEEP_INPUTS);
+    constexpr int R = rows_per_sweep(CHUNK);
+    for (int r0 = 0; r0 < ROWS; r0 += R) sweep<BITS, R, CHUNK>(x, block, y, n, k, r0);
+    if constexpr (IM > CHUNK) block_kernel<BITS, IM - CHUNK>(x + CHUNK * k, block, y + CHUNK * n, n, k);
 }
 
 using BlockKernel = void (*)(const float *, const uint8_t *, float *, int64_t, int64_t);
