@@ -5,6 +5,10 @@ Speed is measured by ``python -m specdec_ref bench --fast``, never asserted here
 """
 from __future__ import annotations
 
+import argparse
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -206,6 +210,36 @@ def test_smollm2_reads_q_k_v_and_gate_up_in_one_call_each_with_the_same_logits(s
                 for part in (ids[:, :-5], ids[:, -5:-4], ids[:, -4:])]
 
     assert all(torch.equal(a, b) for a, b in zip(passes(quick), passes(unstacked)))
+
+
+@needs_kernel
+def test_the_kernel_benchmark_times_every_coded_call_of_a_step(smollm2, monkeypatch):
+    """benchmarks/gguf_kernel.py's layer kinds are every kernel call a decode step makes, once."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gguf_kernel.py"
+    spec = importlib.util.spec_from_file_location("gguf_kernel", path)
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    target, tokenizer, quick = smollm2
+    kinds = benchmark.layer_kinds(quick)
+    timed = [id(layer.packed) for layers in kinds.values() for layer in layers]
+    called = []
+    kernel = torch.ops.specdec.gguf_weights_linear
+
+    def counting(x, packed, out_features, bits):
+        called.append(id(packed))
+        return kernel(x, packed, out_features, bits)
+
+    monkeypatch.setattr(torch.ops.specdec, "gguf_weights_linear", counting)
+    ids = tokenizer("The tide rises", return_tensors="pt").input_ids
+    with torch.no_grad():
+        cache = new_cache(quick)
+        quick(ids[:, :-1], past_key_values=cache, use_cache=True)
+        called.clear()
+        quick(ids[:, -1:], past_key_values=cache, use_cache=True)
+    assert sorted(called) == sorted(timed) and len(set(timed)) == len(timed)
+    with pytest.raises(argparse.ArgumentTypeError, match="rows between 1 and 16"):
+        benchmark.row_counts("0,4")
+    assert benchmark.row_counts("16,4") == [1, 4, 16]
 
 
 @needs_kernel
