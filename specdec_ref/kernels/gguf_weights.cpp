@@ -12,10 +12,10 @@
 // groups of 32 columns, each group its ROWS rows' (d, m) as floats, then each row's codes for the
 // group: 32 bytes at 8 bits; 16 bytes at 4 bits, byte 4 * (c % 4) + c / 4 holding column c (0-15)
 // in its low half and column c + 16 in its high half, the order in which AVX-512 lanes pick them
-// (decode below; AVX2 puts them back in column order with one byte shuffle). Passes of more than MAX_ROWS rows (a prefill) use PyTorch's kernel
-// (gguf.py). Layers that read the same input (q, k and v; gate and up) are one stream of codes,
-// one call (gguf.StackedCodes): every output what its layer's own call gives, since a row's sums
-// do not depend on the rows around it.
+// (decode below; AVX2 puts them back in column order with one byte shuffle). Passes of more than
+// MAX_ROWS rows (a prefill) use PyTorch's kernel (gguf.py). Layers that read the same input (q, k
+// and v; gate and up) are one stream of codes, one call (gguf.StackedCodes): every output what its
+// layer's own call gives, since a row's sums do not depend on the rows around it.
 //
 // AVX-512 where the compiler targets it (-march=native on an AVX-512 CPU): a 4-bit group's 16
 // possible weights fma(d, 0..15, m) are one register, and each code picks its weight from it
@@ -51,9 +51,9 @@ constexpr int rows_per_sweep(int im) { return ROWS * im <= ACCUMULATORS ? ROWS :
 
 // multiply_group<BITS, R, IM> adds one group of 32 columns of R weight rows times IM input rows to
 // the sums acc[R][IM]; block_kernel<BITS, IM> multiplies IM (1 to MAX_ROWS) input rows by one
-// block of ROWS weight rows, in sweeps. Each sum sees its products in the same order whatever IM is, so a
-// row's output does not depend on how many rows share the pass: a verification pass gives each
-// position what a one-token step would.
+// block of ROWS weight rows, in sweeps. Each sum sees its products in the same order whatever IM
+// is, so a row's output does not depend on how many rows share the pass: a verification pass gives
+// each position what a one-token step would.
 #if defined(__AVX512F__)
 constexpr int LANES = 16;
 using Sums = __m512;
@@ -108,8 +108,7 @@ static inline void decode(const uint8_t *codes, const float *scales, __m256 (&w)
 #endif
 
 #if defined(__AVX512F__)
-// All R rows' weights are decoded first, so each input vector is loaded once for all of them (a
-// verification pass's loads, not its fmas, bound it otherwise).
+// All R rows' weights are decoded first, so each input vector is loaded once for all of them.
 template <int BITS, int R, int IM>
 static inline void multiply_group(Sums (&acc)[R][IM], const float *x, int64_t k, int64_t column,
                                   const float *scales, const uint8_t *codes) {
@@ -158,7 +157,8 @@ static void sweep(const float *x, const uint8_t *block, float *y, int64_t n, int
 // a sweep reads stay in the L1 cache (16 rows of 1536 floats would not) and its sums in registers.
 template <int BITS, int IM>
 static void block_kernel(const float *x, const uint8_t *block, float *y, int64_t n, int64_t k) {
-    constexpr int CHUNK = (IM + (IM + SWEEP_INPUTS - 1) / SWEEP_INPUTS - 1) / ((IM + SWEEP_INPUTS - 1) / SWEEP_INPUTS);
+    constexpr int CHUNKS = (IM + SWEEP_INPUTS - 1) / SWEEP_INPUTS;
+    constexpr int CHUNK = (IM + CHUNKS - 1) / CHUNKS;  // 16 rows: two chunks of 8 (AVX-512), four of 4 (AVX2)
     constexpr int R = rows_per_sweep(CHUNK);
     for (int r0 = 0; r0 < ROWS; r0 += R) sweep<BITS, R, CHUNK>(x, block, y, n, k, r0);
     if constexpr (IM > CHUNK) block_kernel<BITS, IM - CHUNK>(x + CHUNK * k, block, y + CHUNK * n, n, k);
