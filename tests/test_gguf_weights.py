@@ -87,8 +87,12 @@ def test_pack_layout():
                 order = torch.tensor(gguf_weights.NIBBLE_ORDER)
                 assert torch.equal(row & 15, columns[order]) and torch.equal(row >> 4, columns[order + 16])
     weight8, codes8 = coded(8, 4, 32)
-    packed8 = gguf_weights.pack(gguf_weights.block_code(weight8))
-    assert torch.equal(packed8[32 + 32:32 + 64].view(torch.int8).long(), codes8[1, :32])  # row 1
+    code8 = gguf_weights.block_code(weight8)
+    packed8 = gguf_weights.pack(code8)  # a Q8_0 group: its 4 rows' scales, no offsets (they are 0), then codes
+    assert packed8.numel() == 16 + 4 * 32 and torch.equal(packed8[:16].view(torch.float32), code8.scale[:, 0])
+    assert torch.equal(packed8[16 + 32:16 + 64].view(torch.int8).long(), codes8[1, :32])  # row 1
+    with pytest.raises(ValueError, match="no offset"):
+        gguf_weights.pack(gguf_weights.BlockCode(8, code8.codes, code8.scale, code8.scale))
 
 
 KERNEL_CASES = [(4, 4, 32), (4, 64, 96), (4, 1536, 576), (4, 576, 1536), (8, 4, 32), (8, 1024, 576)]
@@ -187,8 +191,8 @@ def test_prepare_reads_smollm2_as_its_gguf_codes(smollm2):
     layers = [m for m in quick.modules() if isinstance(m, gguf_weights.GgufWeightLinear)]
     assert all(a is b for a, b in zip(quick.parameters(), target.parameters()))
     fp32_bytes = sum(m.weight.numel() * 4 for m in layers)
-    # per 32 weights: the codes (4 or 8 bits each) and two float32 (scale, offset)
-    assert all(m.packed.numel() == m.weight.numel() * (m.bits + 2) // 8 for m in layers)
+    # per 32 weights: the codes (4 or 8 bits each) and float32 (scale, offset) at 4 bits, the scale alone at 8
+    assert all(m.packed.numel() == m.weight.numel() // 32 * (4 * m.bits + 4 * (2 if m.bits == 4 else 1)) for m in layers)
     assert streamed_weight_bytes(quick) == weight_bytes(target) - fp32_bytes + sum(m.packed.numel() for m in layers)
     assert streamed_weight_bytes(quick) < weight_bytes(target) / 4
 

@@ -99,12 +99,16 @@ def block_code(weight: torch.Tensor) -> BlockCode | None:
 
 def pack(code: BlockCode) -> torch.Tensor:
     """``code`` in the kernel's layout, one uint8 stream: blocks of ROWS rows; each block, group by
-    group of 32 columns, its rows' (scale, offset) as float32, then each row's codes for the group
+    group of 32 columns, its rows' (scale, offset) as float32 (at 8 bits the scale only: the offset is
+    0), then each row's codes for the group
     (at 4 bits, 16 bytes: byte b holds column c = :data:`NIBBLE_ORDER` [b] in its low half and
     column c + 16 in its high half)."""
+    if code.bits == 8 and bool(code.offset.any()):
+        raise ValueError("a Q8_0 code has no offset (w = d * q); this one has one")
     out_features, in_features = code.codes.shape
     blocks, groups = out_features // ROWS, in_features // GROUP
-    scales = torch.stack([code.scale, code.offset], -1).reshape(blocks, ROWS, groups, 2).transpose(1, 2)
+    parts = [code.scale, code.offset] if code.bits == 4 else [code.scale]
+    scales = torch.stack(parts, -1).reshape(blocks, ROWS, groups, len(parts)).transpose(1, 2)
     scale_bytes = scales.contiguous().view(torch.uint8).reshape(blocks, groups, -1)
     rows = code.codes.reshape(blocks, ROWS, groups, GROUP)
     if code.bits == 4:

@@ -6,16 +6,17 @@
 // significant bits at most), so fma(d, q, m) is the fp32 weight the de-quantised model holds, bit
 // for bit (gguf_weights.py checks every layer before using it): the products are the fp32
 // model's products and the sums fp32 sums in another order, from 5 or 9 bits per weight instead
-// of 32 (6 or 10 here: d and m are kept as fp32).
+// of 32 (6 or 9 here: d, and Q4_1's m, are kept as fp32).
 //
 // Layout (gguf_weights.py packs it): rows in blocks of ROWS; a block is one sequential stream of
-// groups of 32 columns, each group its ROWS rows' (d, m) as floats, then each row's codes for the
-// group: 32 bytes at 8 bits; 16 bytes at 4 bits, byte 4 * (c % 4) + c / 4 holding column c (0-15)
-// in its low half and column c + 16 in its high half, the order in which AVX-512 lanes pick them
-// (decode below; AVX2 puts them back in column order with one byte shuffle). Passes of more than
-// MAX_ROWS rows (a prefill) use PyTorch's kernel (gguf.py). Layers that read the same input (q, k
-// and v; gate and up) are one stream of codes, one call (gguf.StackedCodes): every output what its
-// layer's own call gives, since a row's sums do not depend on the rows around it.
+// groups of 32 columns, each group its ROWS rows' (d, m) as floats (d alone at 8 bits), then each
+// row's codes for the group: 32 bytes at 8 bits; 16 bytes at 4 bits, byte 4 * (c % 4) + c / 4
+// holding column c (0-15) in its low half and column c + 16 in its high half, the order in which
+// AVX-512 lanes pick them (decode below; AVX2 puts them back in column order with one byte
+// shuffle). Passes of more than MAX_ROWS rows (a prefill) use PyTorch's kernel (gguf.py). Layers
+// that read the same input (q, k and v; gate and up) are one stream of codes, one call
+// (gguf.StackedCodes): every output what its layer's own call gives, since a row's sums do not
+// depend on the rows around it.
 //
 // AVX-512 where the compiler targets it (-march=native on an AVX-512 CPU): a 4-bit group's 16
 // possible weights fma(d, 0..15, m) are one register, and each code picks its weight from it
@@ -37,7 +38,8 @@ constexpr int64_t MAX_ROWS = 16;
 constexpr int64_t PREFETCH = 1536;  // bytes ahead in the stream
 
 constexpr int row_bytes(int bits) { return GROUP * bits / 8; }  // one row's codes in one group
-constexpr int group_bytes(int bits) { return ROWS * (2 * sizeof(float) + row_bytes(bits)); }
+constexpr int row_scales(int bits) { return bits == 4 ? 2 : 1; }  // (d, m) for Q4_1, d for Q8_0
+constexpr int group_bytes(int bits) { return ROWS * (row_scales(bits) * sizeof(float) + row_bytes(bits)); }
 
 // Sums kept in registers per sweep: 32 AVX-512 registers less a block's decoded weights, an input
 // and the decoding's constants; 16 AVX2 ones less a row's decoded weights, d and m.
@@ -60,12 +62,14 @@ using Sums = __m512;
 static inline Sums zero() { return _mm512_setzero_ps(); }
 static inline float total(Sums v) { return _mm512_reduce_add_ps(v); }
 
-// A row's 32 weights of one group, in two registers: w = d * q + m, rounded once as the fma rounds.
+// A row's 32 weights of one group, in two registers: w = d * q + m rounded once as the fma rounds
+// (Q4_1), or the exact product d * q (Q8_0).
 template <int BITS>
 static inline void decode(const uint8_t *codes, const float *scales, __m512 (&w)[2]) {
-    const __m512 d = _mm512_set1_ps(scales[0]), m = _mm512_set1_ps(scales[1]);
+    const __m512 d = _mm512_set1_ps(scales[0]);
     if constexpr (BITS == 4) {
-        const __m512 weights = _mm512_fmadd_ps(d, _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), m);
+        const __m512 weights = _mm512_fmadd_ps(d, _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                               _mm512_set1_ps(scales[1]));
         // Every 128-bit lane gets the 16 bytes; lane L shifts dword L % 4 by 8 * (L / 4), so its low
         // byte is byte 4 * (L % 4) + L / 4, which holds columns L and L + 16 (pack's order).
         const __m512i bytes = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i *>(codes)));
@@ -74,8 +78,8 @@ static inline void decode(const uint8_t *codes, const float *scales, __m512 (&w)
         w[1] = _mm512_permutexvar_ps(_mm512_srlv_epi32(bytes, _mm512_add_epi32(low, _mm512_set1_epi32(4))), weights);
     } else {
         for (int half = 0; half < 2; half++)
-            w[half] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                _mm_loadu_si128(reinterpret_cast<const __m128i *>(codes + 16 * half)))), m);
+            w[half] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                _mm_loadu_si128(reinterpret_cast<const __m128i *>(codes + 16 * half)))));
     }
 }
 #else
@@ -90,9 +94,10 @@ static inline float total(Sums v) {
 
 template <int BITS>
 static inline void decode(const uint8_t *codes, const float *scales, __m256 (&w)[4]) {
-    const __m256 d = _mm256_broadcast_ss(scales), m = _mm256_broadcast_ss(scales + 1);
+    const __m256 d = _mm256_broadcast_ss(scales);
     __m128i quarters[4];
     if constexpr (BITS == 4) {
+        const __m256 m = _mm256_broadcast_ss(scales + 1);
         const __m128i order = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
         const __m128i bytes = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i *>(codes)), order);
         const __m128i low = _mm_and_si128(bytes, _mm_set1_epi8(15));
@@ -101,8 +106,8 @@ static inline void decode(const uint8_t *codes, const float *scales, __m256 (&w)
         for (int q = 0; q < 4; q++) w[q] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(quarters[q])), m);
     } else {
         for (int q = 0; q < 4; q++)
-            w[q] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                _mm_loadl_epi64(reinterpret_cast<const __m128i *>(codes + 8 * q)))), m);
+            w[q] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                _mm_loadl_epi64(reinterpret_cast<const __m128i *>(codes + 8 * q)))));
     }
 }
 #endif
@@ -113,7 +118,7 @@ template <int BITS, int R, int IM>
 static inline void multiply_group(Sums (&acc)[R][IM], const float *x, int64_t k, int64_t column,
                                   const float *scales, const uint8_t *codes) {
     __m512 w[R][2];
-    for (int r = 0; r < R; r++) decode<BITS>(codes + r * row_bytes(BITS), scales + 2 * r, w[r]);
+    for (int r = 0; r < R; r++) decode<BITS>(codes + r * row_bytes(BITS), scales + row_scales(BITS) * r, w[r]);
     for (int i = 0; i < IM; i++)
         for (int part = 0; part < 2; part++) {
             const __m512 input = _mm512_loadu_ps(x + i * k + column + part * LANES);
@@ -126,7 +131,7 @@ static inline void multiply_group(Sums (&acc)[R][IM], const float *x, int64_t k,
                                   const float *scales, const uint8_t *codes) {
     for (int r = 0; r < R; r++) {
         Sums w[GROUP / LANES];
-        decode<BITS>(codes + r * row_bytes(BITS), scales + 2 * r, w);
+        decode<BITS>(codes + r * row_bytes(BITS), scales + row_scales(BITS) * r, w);
         for (int i = 0; i < IM; i++)
             for (int part = 0; part < GROUP / LANES; part++)
                 acc[r][i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * k + column + part * LANES), w[part], acc[r][i]);
@@ -144,8 +149,8 @@ static void sweep(const float *x, const uint8_t *block, float *y, int64_t n, int
         const uint8_t *group = block + g * group_bytes(BITS);
         for (int line = 0; line < group_bytes(BITS); line += 64)
             _mm_prefetch(reinterpret_cast<const char *>(group + PREFETCH + line), _MM_HINT_T0);
-        const float *scales = reinterpret_cast<const float *>(group) + 2 * r0;
-        const uint8_t *codes = group + ROWS * 2 * sizeof(float) + r0 * row_bytes(BITS);
+        const float *scales = reinterpret_cast<const float *>(group) + row_scales(BITS) * r0;
+        const uint8_t *codes = group + ROWS * row_scales(BITS) * sizeof(float) + r0 * row_bytes(BITS);
         multiply_group<BITS, R, IM>(acc, x, k, g * GROUP, scales, codes);
     }
     for (int r = 0; r < R; r++)
