@@ -18,7 +18,6 @@ import argparse
 import os
 import statistics
 import time
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -27,6 +26,7 @@ import torch  # noqa: E402
 from specdec_ref import bench, zoo  # noqa: E402
 from specdec_ref.kernels import fast, gguf  # noqa: E402
 from specdec_ref.timing import threads_for_timing  # noqa: E402
+from specdec_ref.vllm.recorded import cpu_fields, cpu_model  # noqa: E402
 
 
 def layer_kinds(model: torch.nn.Module) -> dict[str, list[torch.nn.Module]]:
@@ -42,17 +42,13 @@ def layer_kinds(model: torch.nn.Module) -> dict[str, list[torch.nn.Module]]:
 
 
 def cpu() -> str:
-    """The CPU's name, family and model from /proc/cpuinfo (an "AMD EPYC" may be any Zen)."""
-    fields = {}
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-    return f"{fields.get('model name', 'unknown CPU')} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
+    """The CPU's name, family and model (an "AMD EPYC" may be any Zen)."""
+    fields = cpu_fields()
+    return f"{cpu_model()} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
 
 
 def call(layer: torch.nn.Module, x: torch.Tensor) -> None:
-    out_features = sum(layer.sizes) if isinstance(layer, gguf.StackedCodes) else layer.out_features
-    torch.ops.specdec.gguf_weights_linear(x, layer.packed, out_features, layer.bits)
+    torch.ops.specdec.gguf_weights_linear(x, layer.packed, layer.out_features, layer.bits)
 
 
 def seconds_per_call(layers: list[torch.nn.Module], x: torch.Tensor, calls: int) -> float:
@@ -87,8 +83,7 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for kind, layers in layer_kinds(model).items():
-            width = layers[0].weights[0].shape[1] if isinstance(layers[0], gguf.StackedCodes) else layers[0].in_features
-            inputs = {rows: torch.randn(rows, width, generator=generator) for rows in args.rows}
+            inputs = {rows: torch.randn(rows, layers[0].in_features, generator=generator) for rows in args.rows}
             calls = 4 * len(layers) if len(layers) > 1 else 8
             times: dict[int, list[float]] = {rows: [] for rows in args.rows}
             for i in range(args.rounds + 1):  # the first round is the warm-up

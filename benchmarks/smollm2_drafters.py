@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -51,15 +50,9 @@ from specdec_ref.costs import measure_costs
 from specdec_ref.eagle import EagleDrafter
 from specdec_ref.paired import in_run_costs
 from specdec_ref.timing import threads_for_timing
+from specdec_ref.vllm.recorded import cpu_model as cpu_name
 from specdec_ref.zoo import load, load_eagle
 from specdec_ref.zoo.prompts import KINDS, heldout_prompts, interleave
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
 
 
 def predictions(total: GenerationStats, k: int, c: float, v: float, chain: bool) -> tuple[float | None, float]:

@@ -5,7 +5,8 @@ PyTorch's CPU flash attention took 30-50 microseconds a layer on SmolLM2's shape
 compiled step, Zen 3), and its verification passes' logits differ from the one-token steps' in the
 last bits. The course's kernel computes each query row's scores, softmax and weighted sum in one
 fixed order, so a verification pass gives every position exactly what a one-token step at that
-position gives, and costs about 10 microseconds a layer. Built like the GGUF-code kernel (:mod:`specdec_ref.kernels.build`).
+position gives, and costs about 10 microseconds a layer. Built like the GGUF-code kernel
+(:mod:`specdec_ref.kernels.build`).
 """
 from __future__ import annotations
 

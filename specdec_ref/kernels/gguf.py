@@ -166,6 +166,7 @@ class StackedCodes(torch.nn.Module):
         if not self.stackable(layers):
             raise ValueError("stacked layers must be GGUF-coded in one code, without a bias, and read one input width")
         self.bits, self.sizes = layers[0].bits, [layer.out_features for layer in layers]
+        self.in_features, self.out_features = layers[0].in_features, sum(self.sizes)
         self.weights = [layer.weight for layer in layers]  # a pass too long for the kernel reads them
         self.register_buffer("packed", torch.cat([layer.packed for layer in layers]), persistent=False)
         start = 0
@@ -180,7 +181,7 @@ class StackedCodes(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if not 1 <= _rows(x) <= MAX_ROWS:
             return tuple(torch.nn.functional.linear(x, weight) for weight in self.weights)
-        return torch.ops.specdec.gguf_weights_linear(x, self.packed, sum(self.sizes), self.bits).split(self.sizes, -1)
+        return torch.ops.specdec.gguf_weights_linear(x, self.packed, self.out_features, self.bits).split(self.sizes, -1)
 
 
 def _attention_with_stacked_qkv(self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor],

