@@ -31,7 +31,7 @@ from torch import nn
 
 from .drafters import DrafterBase, Proposal, check_min_confidence
 from .inputs import check_context
-from .modules import like
+from .modules import COMPILER, like
 from .roofline import streamed_weight_bytes
 from .sampling import Sampler
 
@@ -364,6 +364,10 @@ class EagleDrafter(DrafterBase):
     ``tree``: grow a dynamic tree of drafts (:class:`DraftTree`, EAGLE-2) instead of a chain,
     greedy or sampling (the verifier judges each node's children in turn, exactly).
 
+    On a compiled target (``fast.prepare(..., compile=True)``) the greedy chain's k head steps
+    run as one compiled call (:meth:`greedy_chain`, compiled as the target was), which drafts
+    what the per-step loop drafts without its Python between steps.
+
     The head keeps its own cache: entry i was computed from (x_{i+1}, f_i). Entries from
     the target's features are kept; those from predicted features (the drafts) are rolled
     back after each verification and recomputed from the target's real features.
@@ -392,6 +396,9 @@ class EagleDrafter(DrafterBase):
         self.min_confidence = min_confidence
         self.first_candidates = first_candidates
         self.tree = tree
+        # On a compiled target the greedy chain is compiled too: one graph for its k head steps.
+        compiler = getattr(target, COMPILER, None)
+        self.compiled_chain = None if compiler is None else compiler(self.greedy_chain)
         self.start(torch.zeros(1, dtype=torch.long), 0)
 
     def check_target(self, target: nn.Module) -> None:
@@ -462,6 +469,12 @@ class EagleDrafter(DrafterBase):
         features = pending.to(dtype)[None]
         if self.tree is not None:
             return self.grow_tree(ids, features, max_tokens, tokens.device)
+        if self.compiled_chain is not None and sampler.greedy and self.min_confidence is None and self.keys is not None:
+            chain, siblings, self.keys, self.values = self.compiled_chain(
+                ids, features, self.keys.contiguous(), self.values.contiguous(), self.cached, max_tokens,
+                self.first_candidates)
+            self.cached += ids.numel()
+            return self.chain_proposal(chain, siblings, tokens.device)
         position = self.cached
         drafts, probs, siblings = [], [], []
         for step in range(max_tokens):
@@ -483,11 +496,36 @@ class EagleDrafter(DrafterBase):
                 if confidence < self.min_confidence:
                     break
             ids, features = token.view(1), predicted[None, -1:]
-        chain = torch.stack(drafts)
-        if len(siblings):  # the chain, then the other first candidates: children of the last token
-            parents = torch.cat([torch.arange(-1, len(drafts) - 1), torch.full((len(siblings),), -1)])
-            return Proposal(torch.cat([chain, siblings]).to(tokens.device), parents=parents, forward_calls=len(drafts))
-        return Proposal(chain.to(tokens.device), torch.stack(probs) if probs else None, forward_calls=len(drafts))
+        return self.chain_proposal(torch.stack(drafts), siblings, tokens.device, torch.stack(probs) if probs else None)
+
+    def greedy_chain(self, ids: torch.Tensor, features: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                     position: int, num_tokens: int, candidates: int):
+        """:meth:`propose`'s greedy chain in one function (compiled on a compiled target): the head
+        reads ``ids`` [m] and ``features`` [1, m, d] at ``position`` on, after its cache
+        ``keys``/``values``, then drafts ``num_tokens`` tokens. Returns the drafts (target ids), the
+        other best first tokens (``candidates`` - 1 of them, or ``None``), and the cache after."""
+        drafts, siblings = [], None
+        for step in range(num_tokens):
+            positions = torch.arange(position, position + ids.shape[0], device=features.device)
+            predicted, (k, v) = self.head(self.embed(ids)[None].to(features.dtype), features, positions, (keys, values))
+            keys, values = torch.cat([keys, k], 2), torch.cat([values, v], 2)
+            position += ids.shape[0]
+            logits = self.lm_head(predicted[0, -1:])[0]
+            if step == 0 and candidates > 1:
+                siblings = self.to_target(logits.topk(min(candidates, logits.shape[0])).indices[1:])
+            ids = self.to_target(logits.argmax().view(1))
+            drafts.append(ids)
+            features = predicted[:, -1:]
+        return torch.cat(drafts), siblings, keys, values
+
+    @staticmethod
+    def chain_proposal(chain: torch.Tensor, siblings: torch.Tensor | None, device: torch.device,
+                       probs: torch.Tensor | None = None) -> Proposal:
+        """A chain of drafts, and after it the other first candidates: children of the last token."""
+        if siblings is not None and len(siblings):
+            parents = torch.cat([torch.arange(-1, len(chain) - 1), torch.full((len(siblings),), -1)])
+            return Proposal(torch.cat([chain, siblings]).to(device), parents=parents, forward_calls=len(chain))
+        return Proposal(chain.to(device), probs, forward_calls=len(chain))
 
     def run_head(self, ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                  mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -15,6 +15,9 @@ FORM_ATTRIBUTE = "_specdec_same_form"
 # result: ``(cache, tokens, k, vocab_size) -> (drafts, forward calls)``, where ``tokens`` is the
 # whole sequence (at least two tokens). A compiled model does (:mod:`specdec_ref.kernels.compiled`).
 GREEDY_DRAFTS = "_specdec_greedy_drafts"
+# A compiled model carries, under this attribute, the compiler it was compiled with, for a drafter
+# to compile its own steps the same way: ``function -> compiled function``.
+COMPILER = "_specdec_compiler"
 
 
 def linear_layers(model: torch.nn.Module) -> Iterator[tuple[torch.nn.Module, str, torch.nn.Module]]:

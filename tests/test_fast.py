@@ -20,6 +20,7 @@ from specdec_ref import autoregressive_generate, bench, lesson_tools, speculativ
 from specdec_ref.kernels import fast, packed
 from specdec_ref.roofline import last_level_cache_bytes
 from specdec_ref.drafters import ModelDrafter, draft_autoregressive
+from specdec_ref.eagle import EagleConfig, EagleDrafter, init_head
 from specdec_ref.modules import GREEDY_DRAFTS
 from specdec_ref.kv_cache import new_cache, rollback
 from specdec_ref.ngram import PromptLookupDrafter
@@ -248,6 +249,30 @@ def test_compiled_greedy_drafts_match_the_per_step_loop():
             assert calls == (5 if accepted is None else 4)  # the prompt is fed first, in its own pass
             assert cache.get_seq_length() == reference_cache.get_seq_length() == tokens.numel() + 3
         assert vocab_size is None or int(drafts.max()) < min(vocab, vocab_size)
+
+
+def test_an_eagle_head_on_a_compiled_target_drafts_its_chain_in_one_compiled_call():
+    """On a compiled target an EAGLE head's greedy chain is one compiled call per draft (all but
+    the first, which fills the head's cache), proposing what its per-step loop proposes, the
+    extra first candidates too; the output stays the target's greedy output."""
+    compiled = fast.prepare(build("llama", 64, 2, seed=0), compile=True)
+    head = init_head(EagleConfig.for_target(compiled.config), seed=0)
+    ids = prompt(10, seed=4)
+    expected = greedy(compiled, ids)
+    for width in (1, 2):
+        proposals, calls = {}, []
+        for way in ("compiled", "per step"):
+            drafter = EagleDrafter(head, compiled, first_candidates=width)
+            chain, seen, propose = drafter.compiled_chain, [], drafter.propose
+            assert chain is not None
+            drafter.compiled_chain = (lambda *args: calls.append(args) or chain(*args)) if way == "compiled" else None
+            drafter.propose = lambda *args: seen.append(propose(*args)) or seen[-1]
+            out = speculative_generate(compiled, drafter, ids, NEW_TOKENS, 3, eos_token_id=[])
+            assert torch.equal(out.sequences, expected), (width, way)
+            proposals[way] = [(p.tokens.tolist(), p.parents if p.parents is None else p.parents.tolist()) for p in seen]
+        assert proposals["compiled"] == proposals["per step"], width
+        drafted = [tokens for tokens, _ in proposals["compiled"] if tokens]  # the budget's end proposes none
+        assert len(calls) == len(drafted) - 1 > 0, width
 
 
 def test_compiled_models_alike_in_shape_each_run_their_own_graphs():

@@ -1,5 +1,6 @@
-"""``torch.compile`` for the fast path: a model's forward compiled with dynamic shapes, and a
-draft model's k greedy steps as one graph (:data:`GREEDY_DRAFTS`)."""
+"""``torch.compile`` for the fast path: a model's forward compiled with dynamic shapes, a draft
+model's k greedy steps as one graph (:data:`GREEDY_DRAFTS`), and the compiler itself for a
+drafter's own steps (:data:`COMPILER`: an EAGLE head's greedy chain)."""
 from __future__ import annotations
 
 import os
@@ -9,7 +10,7 @@ import types
 import torch
 
 from ..kv_cache import PreallocatedLayer, reserve, rollback
-from ..modules import GREEDY_DRAFTS, copy_sharing_weights
+from ..modules import COMPILER, GREEDY_DRAFTS, copy_sharing_weights
 
 
 def compile_available(model: torch.nn.Module | None = None) -> tuple[bool, str]:
@@ -150,8 +151,9 @@ def compile_model(model: torch.nn.Module) -> torch.nn.Module:
     Dynamic shapes: one graph serves every cache length and every number of new tokens
     above one (the prefill, the k + 1 tokens of a verification), so a run compiles a few
     graphs once instead of one per length. Greedy drafting with the copy compiles one more
-    graph per k (:class:`_CompiledGreedyDrafts`). bf16-stored layers stay one opaque call
-    each in the graph. Raises torch's recompile limit to
+    graph per k (:class:`_CompiledGreedyDrafts`); the copy carries the compiler under
+    :data:`~specdec_ref.modules.COMPILER`, which an EAGLE head's greedy chain uses. bf16-stored
+    layers stay one opaque call each in the graph. Raises torch's recompile limit to
     :data:`RECOMPILE_LIMIT` (a process-wide setting).
     """
     import torch._dynamo
@@ -161,6 +163,7 @@ def compile_model(model: torch.nn.Module) -> torch.nn.Module:
     forward = copy.forward
     copy.forward = _CompiledForward(forward)
     setattr(copy, GREEDY_DRAFTS, _CompiledGreedyDrafts(forward, copy.forward, copy.config.vocab_size))
+    setattr(copy, COMPILER, _compile)
     copy._specdec_compiled = True
     return copy
 
