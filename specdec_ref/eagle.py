@@ -470,6 +470,7 @@ class EagleDrafter(DrafterBase):
         if self.tree is not None:
             return self.grow_tree(ids, features, max_tokens, tokens.device)
         if self.compiled_chain is not None and sampler.greedy and self.min_confidence is None and self.keys is not None:
+            # The cache as a contiguous tensor, not the view a rollback leaves: one stride pattern, no recompiles.
             chain, siblings, self.keys, self.values = self.compiled_chain(
                 ids, features, self.keys.contiguous(), self.values.contiguous(), self.cached, max_tokens,
                 self.first_candidates)
