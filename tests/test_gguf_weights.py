@@ -187,7 +187,7 @@ def smollm2():
 def test_prepare_reads_smollm2_as_its_gguf_codes(smollm2):
     target, _, quick = smollm2
     assert fast.path_name(quick) == ("Q4_1-coded weights (210 of 211 linear layers) + "
-                                     "Q8_0-coded weights (1 of 211 linear layers)")
+                                     "Q8_0-coded weights (1 of 211 linear layers) + a pass of a few tokens in one C++ call")
     layers = [m for m in quick.modules() if isinstance(m, gguf_weights.GgufWeightLinear)]
     assert all(a is b for a, b in zip(quick.parameters(), target.parameters()))
     fp32_bytes = sum(m.weight.numel() * 4 for m in layers)
@@ -208,12 +208,13 @@ def test_smollm2_reads_q_k_v_and_gate_up_in_one_call_each_with_the_same_logits(s
     ids = tokenizer("The tide rises twice a day because", return_tensors="pt").input_ids
 
     @torch.no_grad()
-    def passes(model):  # the prompt, then a one-token step and a pass of four
+    def passes(model, forward):  # the prompt, then a one-token step and a pass of four
         cache = new_cache(model)
-        return [model(part, past_key_values=cache, use_cache=True).logits
+        return [forward(part, past_key_values=cache, use_cache=True).logits
                 for part in (ids[:, :-5], ids[:, -5:-4], ids[:, -4:])]
 
-    assert all(torch.equal(a, b) for a, b in zip(passes(quick), passes(unstacked)))
+    # Layer by layer both (the one-call pass sums its norms in another order: tests/test_llama_pass.py).
+    assert all(torch.equal(a, b) for a, b in zip(passes(quick, quick.forward.forward), passes(unstacked, unstacked)))
 
 
 @needs_kernel
@@ -239,7 +240,8 @@ def test_the_kernel_benchmark_times_every_coded_call_of_a_step(smollm2, monkeypa
         cache = new_cache(quick)
         quick(ids[:, :-1], past_key_values=cache, use_cache=True)
         called.clear()
-        quick(ids[:, -1:], past_key_values=cache, use_cache=True)
+        # The layer-by-layer forward: the one-call pass makes the same calls from C++, out of the patch's sight.
+        quick.forward.forward(ids[:, -1:], past_key_values=cache, use_cache=True)
     assert sorted(called) == sorted(timed) and len(set(timed)) == len(timed)
     with pytest.raises(argparse.ArgumentTypeError, match="rows between 1 and 16"):
         benchmark.row_counts("0,4")

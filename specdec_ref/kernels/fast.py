@@ -11,7 +11,9 @@ eager layer first (:func:`~specdec_ref.kernels.packed.check_layer`):
 - bfloat16 copies (:mod:`specdec_ref.kernels.bf16`), where fp32 weights hold bfloat16 values (the
   course zoo's): half the bytes;
 - prepacked oneDNN weights (:mod:`specdec_ref.kernels.packed`) for the rest;
-- with ``compile=True``, ``torch.compile`` on top (:mod:`specdec_ref.kernels.compiled`).
+- where every projection is GGUF-coded (``zoo:smollm2``), a decode step or verification pass as one
+  C++ call over those kernels, never back in Python between layers (:mod:`specdec_ref.kernels.llama_pass`);
+- with ``compile=True``, ``torch.compile`` on top (:mod:`specdec_ref.kernels.compiled`) instead.
 
 A fast model's decode steps and verification passes attend with the course's kernel
 (:mod:`specdec_ref.kernels.attention`: grouped-query heads read in place, each token computed as
@@ -36,7 +38,7 @@ from transformers import PretrainedConfig
 from ..kv_cache import CAPACITY_ATTRIBUTE
 from ..modules import copy_sharing_weights, linear_layers, mark_form
 from ..timing import decode_step, time_paired
-from . import attention, bf16, gguf
+from . import attention, bf16, gguf, llama_pass
 from .compiled import compile_available, compile_model, is_compiled
 from .packed import TORCH_VERSION, PackedLinear, available, check_layer
 from .weights_first import is_weights_first
@@ -108,6 +110,7 @@ def path_name(model: torch.nn.Module) -> str:
     parts += [f"bf16-stored weights ({halved} of {len(layers)} linear layers)"] if halved else []
     parts += ["prepacked oneDNN weights" + (f" ({packed} of {len(layers)})" if halved or coded else "")] if packed else []
     parts += ["torch.compile"] if is_compiled(model) else []
+    parts += ["a pass of a few tokens in one C++ call"] if llama_pass.runs(model) else []
     eager = "the eager model" + (", few-row linear layers weights-first" if is_weights_first(model) else "")
     return " + ".join(parts) or eager
 
@@ -228,7 +231,9 @@ def prepare(model: torch.nn.Module, only_if_faster: bool = False, compile: bool 
     holds bfloat16 values (the course zoo's) reads a bfloat16 copy
     (:mod:`specdec_ref.kernels.bf16`): the same arithmetic on half the bytes. The other layers
     are prepacked for oneDNN.
-    :func:`specdec_ref.kv_cache.new_cache` gives the copy preallocated caches.
+    :func:`specdec_ref.kv_cache.new_cache` gives the copy preallocated caches. A Llama whose
+    projections are all GGUF-coded runs each pass of up to 16 tokens on them as one C++ call
+    (:class:`~specdec_ref.kernels.llama_pass.PassForward`; not with ``compile=True``).
 
     The original model is left as it was (both can be used side by side; each replaced layer
     adds a copy of its weight, half-size for bf16). Every replaced layer is checked against
@@ -268,6 +273,8 @@ def prepare(model: torch.nn.Module, only_if_faster: bool = False, compile: bool 
     _read_grouped_heads_in_place(fast_model)
     if compile:
         fast_model = compile_model(fast_model)
+    elif llama_pass.applies(fast_model):
+        fast_model.forward = llama_pass.PassForward(fast_model, fast_model.forward)
     setattr(fast_model, CAPACITY_ATTRIBUTE, kv_cache_capacity(fast_model))
     mark_form(fast_model, _SameForm(compile, bf16_weights, gguf_weights, eager_layers=not is_fast(fast_model)))
     if only_if_faster:

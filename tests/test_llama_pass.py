@@ -1,0 +1,130 @@
+"""specdec_ref.kernels.llama_pass: SmolLM2's decode steps and verification passes in one C++ call,
+against the layer-by-layer forward on the same kernels, position by position, and what it leaves
+to that forward. Speed is measured by ``benchmarks/llamacpp_vs_fast.py``, never asserted here."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec_ref import zoo
+from specdec_ref.kernels import build as kernel_build, fast, llama_pass
+from specdec_ref.kv_cache import new_cache
+from specdec_ref.speculative import tree_verification_inputs
+
+pytestmark = pytest.mark.skipif(not kernel_build.has_vector_units(kernel_build.cpu_flags()),
+                                reason="the kernels are AVX2 code; this CPU has no AVX2 with FMA")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    target, tokenizer = zoo.load("zoo:smollm2")
+    quick = fast.prepare(target)
+    text = ("A lighthouse keeper counts the ships that pass at night. She writes each one in a book: its flag, its "
+            "lights, the hour it rounded the point, and whether it answered her signal. In forty years the book has")
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    assert ids.shape[1] > 32
+    return target, quick, ids
+
+
+class Counting:
+    """The layer-by-layer forward behind a :class:`~specdec_ref.kernels.llama_pass.PassForward`, counted."""
+
+    def __init__(self, forward) -> None:
+        self.forward, self.calls = forward, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.forward(*args, **kwargs)
+
+
+def prefilled(model, ids, length):
+    cache = new_cache(model)
+    model(ids[:, :length], past_key_values=cache, use_cache=True)
+    return cache
+
+
+def test_prepare_runs_smollm2s_passes_in_one_call_and_says_so(smollm2):
+    _, quick, _ = smollm2
+    assert llama_pass.runs(quick)
+    assert fast.path_name(quick).endswith(" + a pass of a few tokens in one C++ call")
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("tokens", [1, 4, 16])
+def test_a_pass_gives_the_logits_features_and_cache_of_the_layer_by_layer_forward(smollm2, monkeypatch, tokens):
+    _, quick, ids = smollm2
+    layer_by_layer = quick.forward.forward
+    counting = Counting(layer_by_layer)
+    monkeypatch.setattr(quick.forward, "forward", counting)
+    start = ids.shape[1] - 16
+    one_call, reference = prefilled(quick, ids, start), prefilled(quick, ids, start)
+    assert counting.calls == 2  # the prefills: longer than a pass takes
+    part = ids[:, start:start + tokens]
+    got = quick(part, past_key_values=one_call, use_cache=True, output_hidden_states=True)
+    assert counting.calls == 2, "a pass of a few tokens ran the layer-by-layer forward"
+    want = layer_by_layer(part, past_key_values=reference, use_cache=True, output_hidden_states=True)
+    # The same kernels; RMSNorm, the rotary embedding and the residual adds sum in another order.
+    torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got.hidden_states[-1], want.hidden_states[-1], rtol=1e-4, atol=1e-4)
+    assert one_call.get_seq_length() == reference.get_seq_length() == start + tokens
+    for ours, theirs in zip(one_call.layers, reference.layers):
+        torch.testing.assert_close(ours.keys, theirs.keys, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(ours.values, theirs.values, rtol=1e-4, atol=1e-4)
+
+
+@torch.inference_mode()
+def test_every_position_of_a_pass_gets_what_a_one_token_step_gives_bit_for_bit(smollm2):
+    _, quick, ids = smollm2
+    start = ids.shape[1] - 5
+    whole = quick(ids[:, start:], past_key_values=prefilled(quick, ids, start), use_cache=True).logits[0]
+    cache = prefilled(quick, ids, start)
+    steps = [quick(ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits[0, 0] for i in range(start, ids.shape[1])]
+    assert all(torch.equal(row, step) for row, step in zip(whole, steps))
+
+
+@torch.inference_mode()
+def test_a_tree_pass_gives_the_logits_of_the_layer_by_layer_forward_under_its_mask(smollm2):
+    _, quick, ids = smollm2
+    start = ids.shape[1] - 3
+    nodes = torch.cat([ids[:, start:start + 1], torch.tensor([[11, 22, 33, 44]])], 1)
+    tree = tree_verification_inputs([-1, -1, 0, 1], start, torch.float32, ids.device)  # two branches of two
+    got = quick(nodes, past_key_values=prefilled(quick, ids, start), use_cache=True, **tree).logits[0]
+    want = quick.forward.forward(nodes, past_key_values=prefilled(quick, ids, start), use_cache=True, **tree).logits[0]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    # The last token and the first node read no masked key: each gets what a one-token step gives.
+    cache = prefilled(quick, ids, start)
+    steps = [quick(nodes[:, i:i + 1], past_key_values=cache, use_cache=True).logits[0, 0] for i in range(2)]
+    assert torch.equal(got[0], steps[0]) and torch.equal(got[1], steps[1])
+
+
+@torch.inference_mode()
+def test_what_a_pass_does_not_take_runs_the_layer_by_layer_forward(smollm2, monkeypatch):
+    target, quick, ids = smollm2
+    counting = Counting(quick.forward.forward)
+    monkeypatch.setattr(quick.forward, "forward", counting)
+    quick(ids[:, :17], past_key_values=new_cache(quick), use_cache=True)  # a prefill longer than 16 rows
+    quick(ids[:, :3], past_key_values=new_cache(target), use_cache=True)  # a cache that is not preallocated
+    quick(ids[:, :3])  # no cache at all
+    quick(ids[:, :3], past_key_values=new_cache(quick), attention_mask=torch.ones(1, 3))  # a 2-d padding mask
+    assert counting.calls == 4
+    quick(ids[:, :3], past_key_values=new_cache(quick), use_cache=True)  # an empty preallocated cache: taken
+    assert counting.calls == 4
+
+
+def test_only_an_all_gguf_llama_gets_a_one_call_pass(smollm2):
+    target, _, _ = smollm2
+    with pytest.raises(ValueError, match="all GGUF-coded and stacked"):
+        llama_pass.PassForward(target, target.forward)
+    course_target, _ = zoo.load("zoo:target")  # bf16-valued weights: no GGUF code
+    assert fast.is_fast(fast.prepare(course_target)) and not llama_pass.runs(fast.prepare(course_target))
+
+
+def test_the_operator_refuses_a_cache_too_short_for_the_pass(smollm2):
+    _, quick, ids = smollm2
+    cache = prefilled(quick, ids, 4)
+    one = quick.forward
+    short = [layer.key_buffer[:, :, :4].contiguous() for layer in cache.layers]
+    cos, sin = one._rotary(4, 2, None)
+    with pytest.raises(RuntimeError, match="capacity >= start \\+ T"):
+        torch.ops.specdec.llama_layers(ids[0, 4:6].contiguous(), one.embedding, cos, sin, None, short, short, 4,
+                                       one.norms, one.codes, one.bits, one.heads, one.kv_heads, one.intermediate, one.eps)
