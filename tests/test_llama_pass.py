@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdec_ref import zoo
-from specdec_ref.kernels import build as kernel_build, fast, llama_pass
+from specdec_ref.kernels import build as kernel_build, fast, gguf, llama_pass
 from specdec_ref.kv_cache import new_cache
 from specdec_ref.speculative import tree_verification_inputs
 
@@ -37,9 +37,9 @@ class Counting:
         return self.forward(*args, **kwargs)
 
 
-def prefilled(model, ids, length):
+def prefilled(model, ids, length, forward=None):
     cache = new_cache(model)
-    model(ids[:, :length], past_key_values=cache, use_cache=True)
+    (forward or model)(ids[:, :length], past_key_values=cache, use_cache=True)
     return cache
 
 
@@ -57,11 +57,10 @@ def test_a_pass_gives_the_logits_features_and_cache_of_the_layer_by_layer_forwar
     counting = Counting(layer_by_layer)
     monkeypatch.setattr(quick.forward, "forward", counting)
     start = ids.shape[1] - 16
-    one_call, reference = prefilled(quick, ids, start), prefilled(quick, ids, start)
-    assert counting.calls == 2  # the prefills: longer than a pass takes
+    one_call, reference = prefilled(quick, ids, start, layer_by_layer), prefilled(quick, ids, start, layer_by_layer)
     part = ids[:, start:start + tokens]
     got = quick(part, past_key_values=one_call, use_cache=True, output_hidden_states=True)
-    assert counting.calls == 2, "a pass of a few tokens ran the layer-by-layer forward"
+    assert counting.calls == 0, "a pass of a few tokens ran the layer-by-layer forward"
     want = layer_by_layer(part, past_key_values=reference, use_cache=True, output_hidden_states=True)
     # The same kernels; RMSNorm, the rotary embedding and the residual adds sum in another order.
     torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-4)
@@ -80,6 +79,24 @@ def test_every_position_of_a_pass_gets_what_a_one_token_step_gives_bit_for_bit(s
     cache = prefilled(quick, ids, start)
     steps = [quick(ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits[0, 0] for i in range(start, ids.shape[1])]
     assert all(torch.equal(row, step) for row, step in zip(whole, steps))
+
+
+@torch.inference_mode()
+def test_a_short_prompt_is_read_in_passes_each_position_as_a_one_token_step_reads_it(smollm2, monkeypatch):
+    _, quick, ids = smollm2
+    counting = Counting(quick.forward.forward)
+    monkeypatch.setattr(quick.forward, "forward", counting)
+    assert 2 * gguf.MAX_ROWS < ids.shape[1] <= llama_pass.PREFILL_TOKENS
+    whole = quick(ids, past_key_values=new_cache(quick), use_cache=True, output_hidden_states=True)
+    assert counting.calls == 0 and whole.logits.shape[1] == ids.shape[1]
+    reference = counting.forward(ids, past_key_values=new_cache(quick), use_cache=True)
+    torch.testing.assert_close(whole.logits, reference.logits, rtol=1e-4, atol=1e-4)
+    cache = new_cache(quick)
+    steps = [quick(ids[:, i:i + 1], past_key_values=cache, use_cache=True, output_hidden_states=True)
+             for i in range(ids.shape[1])]
+    assert all(torch.equal(whole.hidden_states[-1][0, i], step.hidden_states[-1][0, 0]) for i, step in enumerate(steps))
+    last = quick(ids, past_key_values=new_cache(quick), use_cache=True, logits_to_keep=1).logits[0, -1]
+    assert torch.equal(last, steps[-1].logits[0, 0])  # (all 40 rows' logits are one fp32 matmul, not the kernel)
 
 
 @torch.inference_mode()
@@ -102,13 +119,16 @@ def test_what_a_pass_does_not_take_runs_the_layer_by_layer_forward(smollm2, monk
     target, quick, ids = smollm2
     counting = Counting(quick.forward.forward)
     monkeypatch.setattr(quick.forward, "forward", counting)
-    quick(ids[:, :17], past_key_values=new_cache(quick), use_cache=True)  # a prefill longer than 16 rows
+    longer = torch.cat([ids, ids], 1)[:, :llama_pass.PREFILL_TOKENS + 1]
+    quick(longer, past_key_values=new_cache(quick), use_cache=True)  # a prompt longer than those read in passes
     quick(ids[:, :3], past_key_values=new_cache(target), use_cache=True)  # a cache that is not preallocated
     quick(ids[:, :3])  # no cache at all
     quick(ids[:, :3], past_key_values=new_cache(quick), attention_mask=torch.ones(1, 3))  # a 2-d padding mask
     assert counting.calls == 4
     quick(ids[:, :3], past_key_values=new_cache(quick), use_cache=True)  # an empty preallocated cache: taken
-    assert counting.calls == 4
+    tree = tree_verification_inputs(list(range(-1, gguf.MAX_ROWS - 1)), 0, torch.float32, ids.device)
+    quick(ids[:, :gguf.MAX_ROWS + 1], past_key_values=new_cache(quick), use_cache=True, **tree)  # a mask: one pass at most
+    assert counting.calls == 5
 
 
 def test_only_an_all_gguf_llama_gets_a_one_call_pass(smollm2):
