@@ -9,9 +9,9 @@
 // is computed as if alone, so a verification pass gives each position what a one-token step gives,
 // bit for bit, as with the operators one call at a time.
 //
-// Python called once per layer per operation costs a step about 3 ms on SmolLM2 (30 layers, about 200
-// calls), and torch.compile's wrapper, guards and generated code about as much: here a step is the
-// operators' own time and a few microseconds of loops per layer.
+// On SmolLM2 (a 2-core Ice Lake Xeon) a step called from Python operation by operation took 21-24 ms, of
+// which the kernels about 6; compiled by torch.compile, 9.4-9.7 ms; in this one call, 7.5 ms, the LM head
+// included: the operators' own time and a few microseconds of loops per layer.
 //
 // ids: [T] the tokens; embedding: [vocabulary, D] their embeddings; cos, sin: [T, head_dim] the rotary embedding at each token's
 // position; mask: none (causal) or [1, 1, T, start + T] booleans or floats added to the scores (a tree

@@ -1,8 +1,9 @@
 """A Llama model's decode step or verification pass as one C++ call (``llama_pass.cpp``).
 
-On the fast path each operation of a decode step is a call from Python: about 200 for SmolLM2's 30
-layers, each a few microseconds of dispatch around a few microseconds of work, so half of a step
-(SmolLM2 on a 2-core Xeon: 21 ms, of which the GGUF-code kernels 5.8) is not reading weights.
+Layer by layer, each operation of a fast-path decode step is a call from Python: several hundred for
+SmolLM2's 30 layers, most a few microseconds of work inside tens of microseconds of Python and dispatch,
+so three quarters of a step (SmolLM2 on a 2-core Ice Lake Xeon: 21-24 ms, of which the GGUF-code kernels
+about 6) is not reading weights.
 :class:`PassForward` gives a model whose linear layers are all GGUF-coded (``zoo:smollm2`` from
 :func:`specdec_ref.kernels.fast.prepare`) a forward that runs a pass of 1 to
 :data:`~specdec_ref.kernels.gguf.MAX_ROWS` tokens on its preallocated cache in one operator call:
