@@ -11,13 +11,15 @@ same thread count:
 - ``llama.cpp``: llama-cpp-python's ``Llama.generate``, temperature 0 (its greedy sampler);
 - ``llama.cpp lookup``: the same with ``LlamaPromptLookupDecoding(num_pred_tokens=--lookup-tokens)``,
   the binding's draft mode (drafts copied from earlier n-grams of the context, verified in a batch);
-- ``fast``: ``specdec_ref.kernels.fast.prepare(zoo:smollm2)`` (its linear layers read the GGUF codes)
-  with ``autoregressive_generate``;
+- ``fast``: ``specdec_ref.kernels.fast.prepare(zoo:smollm2)`` (its linear layers read the GGUF codes,
+  each decode step or verification pass one C++ call: ``specdec_ref.kernels.llama_pass``) with
+  ``autoregressive_generate``;
 - ``fast + EAGLE chain`` / ``fast + EAGLE tree``: the same model with ``zoo:smollm2-eagle``
   (``EagleDrafter``, ``first_candidates`` 1 and 2) and ``speculative_generate``, k = ``--k``;
 - ``compiled``, ``compiled + EAGLE chain`` / ``tree``: the same three on ``fast.prepare(zoo:smollm2,
-  compile=True)``, the fast path compiled by ``torch.compile`` (the GGUF-code kernel is a custom
-  operator the compiler keeps); its compilation runs in the warm-up, several minutes on 2 cores.
+  compile=True)``, the layer-by-layer fast path compiled by ``torch.compile`` instead (the GGUF-code
+  kernel is a custom operator the compiler keeps); its compilation runs in the warm-up, several
+  minutes on 2 cores.
   ``--no-compile`` leaves them out.
 
 llama.cpp lives in its own environment (``scripts/setup_llamacpp_env.sh`` makes ``.venv-llamacpp``):
