@@ -124,11 +124,12 @@ def test_what_a_pass_does_not_take_runs_the_layer_by_layer_forward(smollm2, monk
     quick(ids[:, :3], past_key_values=new_cache(target), use_cache=True)  # a cache that is not preallocated
     quick(ids[:, :3])  # no cache at all
     quick(ids[:, :3], past_key_values=new_cache(quick), attention_mask=torch.ones(1, 3))  # a 2-d padding mask
-    assert counting.calls == 4
+    quick(ids[:, :3], past_key_values=new_cache(quick), use_cache=False)  # a cache not to be written
+    assert counting.calls == 5
     quick(ids[:, :3], past_key_values=new_cache(quick), use_cache=True)  # an empty preallocated cache: taken
     tree = tree_verification_inputs(list(range(-1, gguf.MAX_ROWS - 1)), 0, torch.float32, ids.device)
     quick(ids[:, :gguf.MAX_ROWS + 1], past_key_values=new_cache(quick), use_cache=True, **tree)  # a mask: one pass at most
-    assert counting.calls == 5
+    assert counting.calls == 6
 
 
 def test_only_an_all_gguf_llama_gets_a_one_call_pass(smollm2):

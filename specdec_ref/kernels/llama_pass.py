@@ -137,7 +137,8 @@ class PassForward:
         return (not args and input_ids is not None and input_ids.dim() == 2 and input_ids.shape[0] == 1
                 and 1 <= input_ids.shape[1] <= longest and kwargs.keys() <= self.TAKES
                 and cache is not None and all(type(layer) is PreallocatedLayer for layer in getattr(cache, "layers", [None]))
-                and (mask is None or mask.dim() == 4) and isinstance(kwargs.get("logits_to_keep", 0), int))
+                and (mask is None or mask.dim() == 4) and isinstance(kwargs.get("logits_to_keep", 0), int)
+                and kwargs.get("use_cache") is not False)
 
     def __call__(self, input_ids: torch.LongTensor | None = None, *args, **kwargs):
         if not self._takes(input_ids, args, kwargs):
