@@ -36,6 +36,8 @@ STEP_PARTS = ("weight matmuls", "attention", "concatenation", "other ops", "outs
 LINEAR_OPS = frozenset({"aten::linear", "aten::addmm", "mkldnn::_linear_pointwise", "specdec::bf16_weights_linear",
                         "specdec::gguf_weights_linear"})
 ATTENTION_OPS = frozenset({"specdec::few_query_attention"})  # besides PyTorch's scaled_dot_product_* ops
+# Operators that run a whole pass (or an EAGLE head's drafts) in C++, calling the ones above inside.
+ONE_CALL_OPS = frozenset({"specdec::llama_layers", "specdec::eagle_greedy_chain"})
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,8 @@ def profile_step(model: torch.nn.Module, context: int = 64, batch: int = 1, repe
     """Where one decode step of ``batch`` sequences goes, in seconds per step (medians of ``repeats``).
 
     One token per sequence on a ``context``-token KV cache, under ``torch.profiler``, after a
-    warm-up step. Top-level ops are counted once, children included: ``weight matmuls``
+    warm-up step. Top-level ops are counted once, children included (the operators inside a
+    one-call pass, :data:`ONE_CALL_OPS`, as if called from Python): ``weight matmuls``
     (``nn.Linear`` and the fast path's kernels), ``attention`` (fused scaled-dot-product
     attention, or the fast path's attention kernel), ``concatenation`` (``aten::cat``: transformers' dynamic KV cache appends each
     new key and value by concatenating it to the whole cache, which copies the cache; rotary
@@ -145,7 +148,10 @@ def profile_step(model: torch.nn.Module, context: int = 64, batch: int = 1, repe
             continue
         step = dict.fromkeys(STEP_PARTS, 0.0)
         for event in prof.events():
-            if event.cpu_parent is None:
+            parent = event.cpu_parent
+            if parent is None and event.name in ONE_CALL_OPS:  # its own loops; its operators below
+                step["other ops"] += event.self_cpu_time_total / 1e6
+            elif parent is None or (parent.cpu_parent is None and parent.name in ONE_CALL_OPS):
                 step[_part(event.name)] += event.cpu_time_total / 1e6
         step["outside ops"] = max(0.0, wall - sum(step.values()))
         steps.append(step)

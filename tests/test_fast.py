@@ -398,13 +398,13 @@ def test_the_step_profile_counts_the_fast_kernels_as_weight_matmuls(zoo_models):
 def test_the_step_profile_knows_every_course_kernel():
     """Each of the course's operators is counted as what it is (a weight matmul or attention), not
     as one of the "other ops"."""
-    from specdec_ref.kernels import attention, bf16, gguf
+    from specdec_ref.kernels import attention, bf16, gguf, llama_pass
 
-    for kernel in (attention, bf16, gguf):
+    for kernel in (attention, bf16, gguf, llama_pass):
         assert kernel.available()[0]
     names = {name for name in torch._C._dispatch_get_all_op_names() if name.startswith("specdec::")}
     assert names >= {"specdec::few_query_attention", "specdec::gguf_weights_linear", "specdec::bf16_weights_linear"}
-    assert names <= lesson_tools.LINEAR_OPS | lesson_tools.ATTENTION_OPS
+    assert names <= lesson_tools.LINEAR_OPS | lesson_tools.ATTENTION_OPS | lesson_tools.ONE_CALL_OPS
 
 
 @pytest.mark.parametrize("use_fast, halve, bytes_per_weight", [(False, False, 4), (True, False, 4), (False, True, 2)])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec_ref import zoo
+from specdec_ref import lesson_tools, zoo
 from specdec_ref.kernels import build as kernel_build, fast, gguf, llama_pass
 from specdec_ref.kv_cache import new_cache
 from specdec_ref.speculative import tree_verification_inputs
@@ -149,3 +149,10 @@ def test_the_operator_refuses_a_cache_too_short_for_the_pass(smollm2):
     with pytest.raises(RuntimeError, match="capacity >= start \\+ T"):
         torch.ops.specdec.llama_layers(ids[0, 4:6].contiguous(), one.embedding, cos, sin, None, short, short, 4,
                                        one.norms, one.codes, one.bits, one.heads, one.kv_heads, one.intermediate, one.eps)
+
+
+def test_the_step_profile_sees_the_kernels_inside_the_one_call_pass(smollm2):
+    _, quick, _ = smollm2
+    profile = lesson_tools.profile_step(quick, context=16, repeats=2)
+    assert profile["weight matmuls"] > 0.5 * profile["total"] and profile["attention"] > 0
+    assert sum(profile[p] for p in lesson_tools.STEP_PARTS) == pytest.approx(profile["total"])
