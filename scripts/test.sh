@@ -20,8 +20,9 @@ phase bash scripts/setup_env.sh
 warm_caches() {
     local py=".venv/bin/python" warm="OMP_NUM_THREADS=1 MKL_NUM_THREADS=1"
     local kernels="from specdec_ref.kernels import bf16, gguf; bf16.available(); gguf.available()"
-    # The tests build no AVX2 variant of these two (llama_pass: SmolLM2's one-call passes, on the two above).
-    local attention="from specdec_ref.kernels import attention, llama_pass; attention.available(); llama_pass.available()"
+    # The tests build no AVX2 variant of these (llama_pass, eagle_chain: one-call passes and drafts, on the above).
+    local attention="from specdec_ref.kernels import attention, eagle_chain, llama_pass"
+    attention+="; attention.available(); llama_pass.available(); eagle_chain.available()"
     # A failure here is not the suite's: the tests that need the cache build it again and say why.
     { env $warm $py -c "from specdec_ref import zoo; zoo.load('zoo:smollm2')" >/dev/null 2>&1 \
         || echo "warm-up: converting SmolLM2 failed (its tests will say why)"

@@ -31,7 +31,7 @@ from torch import nn
 
 from .drafters import DrafterBase, Proposal, check_min_confidence
 from .inputs import check_context
-from .modules import COMPILER, like
+from .modules import COMPILER, GREEDY_CHAIN, like
 from .roofline import streamed_weight_bytes
 from .sampling import Sampler
 
@@ -364,9 +364,10 @@ class EagleDrafter(DrafterBase):
     ``tree``: grow a dynamic tree of drafts (:class:`DraftTree`, EAGLE-2) instead of a chain,
     greedy or sampling (the verifier judges each node's children in turn, exactly).
 
-    On a compiled target (``fast.prepare(..., compile=True)``) the greedy chain's k head steps
-    run as one compiled call (:meth:`greedy_chain`, compiled as the target was), which drafts
-    what the per-step loop drafts without its Python between steps.
+    On a fast target the greedy chain's k head steps run as one call, which drafts what the
+    per-step loop drafts without its Python between steps: one C++ call
+    (:mod:`specdec_ref.kernels.eagle_chain`), or on a compiled target (``fast.prepare(...,
+    compile=True)``) one compiled call (:meth:`greedy_chain`, compiled as the target was).
 
     The head keeps its own cache: entry i was computed from (x_{i+1}, f_i). Entries from
     the target's features are kept; those from predicted features (the drafts) are rolled
@@ -396,9 +397,11 @@ class EagleDrafter(DrafterBase):
         self.min_confidence = min_confidence
         self.first_candidates = first_candidates
         self.tree = tree
-        # On a compiled target the greedy chain is compiled too: one graph for its k head steps.
-        compiler = getattr(target, COMPILER, None)
-        self.compiled_chain = None if compiler is None else compiler(self.greedy_chain)
+        # On a compiled target the greedy chain is compiled too (one graph for its k head steps); a
+        # fast target may give it as one C++ call.
+        compiler, one_call = getattr(target, COMPILER, None), getattr(target, GREEDY_CHAIN, None)
+        self.one_call_chain = (compiler(self.greedy_chain) if compiler is not None else
+                               one_call(self) if one_call is not None else None)
         self.start(torch.zeros(1, dtype=torch.long), 0)
 
     def check_target(self, target: nn.Module) -> None:
@@ -469,9 +472,9 @@ class EagleDrafter(DrafterBase):
         features = pending.to(dtype)[None]
         if self.tree is not None:
             return self.grow_tree(ids, features, max_tokens, tokens.device)
-        if self.compiled_chain is not None and sampler.greedy and self.min_confidence is None and self.keys is not None:
+        if self.one_call_chain is not None and sampler.greedy and self.min_confidence is None and self.keys is not None:
             # The cache as a contiguous tensor, not the view a rollback leaves: one stride pattern, no recompiles.
-            chain, siblings, self.keys, self.values = self.compiled_chain(
+            chain, siblings, self.keys, self.values = self.one_call_chain(
                 ids, features, self.keys.contiguous(), self.values.contiguous(), self.cached, max_tokens,
                 self.first_candidates)
             self.cached += ids.numel()

@@ -18,6 +18,10 @@ GREEDY_DRAFTS = "_specdec_greedy_drafts"
 # A compiled model carries, under this attribute, the compiler it was compiled with, for a drafter
 # to compile its own steps the same way: ``function -> compiled function``.
 COMPILER = "_specdec_compiler"
+# A fast model may carry, under this attribute, what gives an EAGLE drafter's greedy chain as one call
+# (:mod:`specdec_ref.kernels.eagle_chain`): ``drafter -> chain, or None where it does not apply``, the
+# chain called as ``EagleDrafter.greedy_chain`` is.
+GREEDY_CHAIN = "_specdec_greedy_chain"
 
 
 def linear_layers(model: torch.nn.Module) -> Iterator[tuple[torch.nn.Module, str, torch.nn.Module]]:

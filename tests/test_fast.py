@@ -263,9 +263,9 @@ def test_an_eagle_head_on_a_compiled_target_drafts_its_chain_in_one_compiled_cal
         proposals, calls = {}, []
         for way in ("compiled", "per step"):
             drafter = EagleDrafter(head, compiled, first_candidates=width)
-            chain, seen, propose = drafter.compiled_chain, [], drafter.propose
+            chain, seen, propose = drafter.one_call_chain, [], drafter.propose
             assert chain is not None
-            drafter.compiled_chain = (lambda *args: calls.append(args) or chain(*args)) if way == "compiled" else None
+            drafter.one_call_chain = (lambda *args: calls.append(args) or chain(*args)) if way == "compiled" else None
             drafter.propose = lambda *args: seen.append(propose(*args)) or seen[-1]
             out = speculative_generate(compiled, drafter, ids, NEW_TOKENS, 3, eos_token_id=[])
             assert torch.equal(out.sequences, expected), (width, way)
@@ -398,9 +398,9 @@ def test_the_step_profile_counts_the_fast_kernels_as_weight_matmuls(zoo_models):
 def test_the_step_profile_knows_every_course_kernel():
     """Each of the course's operators is counted as what it is (a weight matmul or attention), not
     as one of the "other ops"."""
-    from specdec_ref.kernels import attention, bf16, gguf, llama_pass
+    from specdec_ref.kernels import attention, bf16, eagle_chain, gguf, llama_pass
 
-    for kernel in (attention, bf16, gguf, llama_pass):
+    for kernel in (attention, bf16, gguf, llama_pass, eagle_chain):
         assert kernel.available()[0]
     names = {name for name in torch._C._dispatch_get_all_op_names() if name.startswith("specdec::")}
     assert names >= {"specdec::few_query_attention", "specdec::gguf_weights_linear", "specdec::bf16_weights_linear"}

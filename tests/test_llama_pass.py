@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec_ref import lesson_tools, zoo
-from specdec_ref.kernels import build as kernel_build, fast, gguf, llama_pass
+from specdec_ref import autoregressive_generate, lesson_tools, speculative_generate, zoo
+from specdec_ref.eagle import EagleDrafter
+from specdec_ref.kernels import build as kernel_build, eagle_chain, fast, gguf, llama_pass
 from specdec_ref.kv_cache import new_cache
 from specdec_ref.speculative import tree_verification_inputs
 
@@ -156,3 +157,26 @@ def test_the_step_profile_sees_the_kernels_inside_the_one_call_pass(smollm2):
     profile = lesson_tools.profile_step(quick, context=16, repeats=2)
     assert profile["weight matmuls"] > 0.5 * profile["total"] and profile["attention"] > 0
     assert sum(profile[p] for p in lesson_tools.STEP_PARTS) == pytest.approx(profile["total"])
+
+
+def test_an_eagle_head_on_the_fast_target_drafts_its_chain_in_one_call(smollm2):
+    """SmolLM2's EAGLE head on the fast target drafts its greedy chain as one C++ call per draft (all
+    but the first, which fills the head's cache), proposing what its per-step loop proposes, the extra
+    first candidates too; the output stays SmolLM2's greedy output."""
+    target, quick, ids = smollm2
+    head, vocab = zoo.load_eagle("zoo:smollm2-eagle")
+    expected = autoregressive_generate(target, ids, 40, eos_token_id=[]).sequences
+    for width in (1, 2):
+        proposals, calls = {}, []
+        for way in ("one call", "per step"):
+            drafter = EagleDrafter(head, target, vocab, first_candidates=width).for_target(quick)
+            chain, seen, propose = drafter.one_call_chain, [], drafter.propose
+            assert isinstance(chain, eagle_chain.OneCallChain)
+            drafter.one_call_chain = (lambda *args: calls.append(args) or chain(*args)) if way == "one call" else None
+            drafter.propose = lambda *args: seen.append(propose(*args)) or seen[-1]
+            out = speculative_generate(quick, drafter, ids, 40, 3, eos_token_id=[])
+            assert torch.equal(out.sequences, expected), (width, way)
+            proposals[way] = [(p.tokens.tolist(), p.parents if p.parents is None else p.parents.tolist()) for p in seen]
+        assert proposals["one call"] == proposals["per step"], width
+        drafted = [tokens for tokens, _ in proposals["one call"] if tokens]
+        assert len(calls) == len(drafted) - 1 > 0, width

@@ -36,9 +36,9 @@ import torch
 from transformers import PretrainedConfig
 
 from ..kv_cache import CAPACITY_ATTRIBUTE
-from ..modules import copy_sharing_weights, linear_layers, mark_form
+from ..modules import GREEDY_CHAIN, copy_sharing_weights, linear_layers, mark_form
 from ..timing import decode_step, time_paired
-from . import attention, bf16, gguf, llama_pass
+from . import attention, bf16, eagle_chain, gguf, llama_pass
 from .compiled import compile_available, compile_model, is_compiled
 from .packed import TORCH_VERSION, PackedLinear, available, check_layer
 from .weights_first import is_weights_first
@@ -273,8 +273,10 @@ def prepare(model: torch.nn.Module, only_if_faster: bool = False, compile: bool 
     _read_grouped_heads_in_place(fast_model)
     if compile:
         fast_model = compile_model(fast_model)
-    elif llama_pass.applies(fast_model):
-        fast_model.forward = llama_pass.PassForward(fast_model, fast_model.forward)
+    else:
+        if llama_pass.applies(fast_model):
+            fast_model.forward = llama_pass.PassForward(fast_model, fast_model.forward)
+        setattr(fast_model, GREEDY_CHAIN, eagle_chain.one_call_chain)
     setattr(fast_model, CAPACITY_ATTRIBUTE, kv_cache_capacity(fast_model))
     mark_form(fast_model, _SameForm(compile, bf16_weights, gguf_weights, eager_layers=not is_fast(fast_model)))
     if only_if_faster:
