@@ -79,6 +79,8 @@ class OneCallChain:
     def __call__(self, ids: torch.Tensor, features: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                  position: int, num_tokens: int, candidates: int):
         """What :meth:`~specdec_ref.eagle.EagleDrafter.greedy_chain` returns, for the same arguments."""
+        if keys.shape[2] != position:  # the operator reads the new tokens' positions off the cache
+            raise ValueError(f"the head's cache holds {keys.shape[2]} positions; the chain starts at {position}")
         with torch.no_grad():
             cos, sin = self._rotary(position + ids.shape[0] + num_tokens)
             drafts, siblings, keys, values = torch.ops.specdec.eagle_greedy_chain(
