@@ -71,7 +71,8 @@ def build_operator(source: Path, operators: tuple[str, ...], kernel: str,
     if variant is None:
         return False, (f"SPECDEC_BF16_KERNEL={os.environ['SPECDEC_BF16_KERNEL']!r} is not a kernel variant "
                        f"(choose from {', '.join(KERNEL_VARIANTS)})")
-    key = hashlib.sha256("\n".join([source.read_text(), compiler, torch.__version__, *FLAGS, *variant,
+    headers = [header.read_text() for header in sorted(source.parent.glob("*.h"))]  # what a source may include
+    key = hashlib.sha256("\n".join([source.read_text(), *headers, compiler, torch.__version__, *FLAGS, *variant,
                                     *sorted(flags)]).encode()).hexdigest()[:16]
     built = cache_root() / "kernels" / f"{source.stem}-{key}.so"
     if not built.exists():

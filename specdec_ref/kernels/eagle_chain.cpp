@@ -15,48 +15,17 @@
 // RMSNorm's weight; lm_codes: the LM head rows' Q8_0 or Q4_1 codes (lm_rows rows of lm_bits); draft_vocab:
 // each row's target id (empty: row r is token r). Returns the drafts (target ids), the other candidates
 // - 1 best first tokens (target ids, best first), and the cache with the new positions.
-#include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
-#include <cmath>
-#include <cstdint>
 #include <tuple>
-#include <vector>
 
-using Bf16Linear = at::Tensor(const at::Tensor &, const at::Tensor &, const at::Tensor &);
-using CodedLinear = at::Tensor(const at::Tensor &, const at::Tensor &, int64_t, int64_t);
-using Attention = at::Tensor(const at::Tensor &, const at::Tensor &, const at::Tensor &,
-                             const c10::optional<at::Tensor> &, double, bool);
-
-// The operators are found when first used: their libraries are loaded before this one is called.
-static at::Tensor bf16_linear(const at::Tensor &x, at::TensorList layers, int layer) {
-    static const auto op = c10::Dispatcher::singleton()
-        .findSchemaOrThrow("specdec::bf16_weights_linear", "").typed<Bf16Linear>();
-    return op.call(x, layers[2 * layer], layers[2 * layer + 1]);
-}
-
-static at::Tensor coded_linear(const at::Tensor &x, const at::Tensor &codes, int64_t rows, int64_t bits) {
-    static const auto op = c10::Dispatcher::singleton()
-        .findSchemaOrThrow("specdec::gguf_weights_linear", "").typed<CodedLinear>();
-    return op.call(x, codes, rows, bits);
-}
-
-static at::Tensor attend(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, double scale) {
-    static const auto op = c10::Dispatcher::singleton()
-        .findSchemaOrThrow("specdec::few_query_attention", "").typed<Attention>();
-    return op.call(q, k, v, c10::nullopt, scale, true);
-}
+#include "pass_ops.h"
 
 enum Layer { FC, Q, K, V, O, GATE, UP, DOWN, LAYERS };
 
-// x * cos - rotated * sin on one head's head_dim values, Llama's half-split convention (eagle.rotate).
-static void rotate(const float *x, const float *cos, const float *sin, float *out, int64_t head_dim) {
-    const int64_t half = head_dim / 2;
-    for (int64_t i = 0; i < half; i++) {
-        out[i] = x[i] * cos[i] - x[i + half] * sin[i];
-        out[i + half] = x[i + half] * cos[i] + x[i] * sin[i];
-    }
+// Layer `layer` of the head: its packed bf16 weight, then its fp32 weight, in `layers`.
+static at::Tensor linear(const at::Tensor &x, at::TensorList layers, int layer) {
+    return bf16_linear(x, layers[2 * layer], layers[2 * layer + 1]);
 }
 
 static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> eagle_greedy_chain(
@@ -95,8 +64,8 @@ static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> eagle_greedy_c
     for (int64_t step = 0; step < num_tokens; step++) {
         const int64_t rows = step_ids.size(0);
         const at::Tensor inputs = at::cat({embedding.index_select(0, step_ids), step_features}, 1);
-        const at::Tensor x = bf16_linear(inputs, layers, FC);
-        const at::Tensor q = bf16_linear(x, layers, Q), k = bf16_linear(x, layers, K), v = bf16_linear(x, layers, V);
+        const at::Tensor x = linear(inputs, layers, FC);
+        const at::Tensor q = linear(x, layers, Q), k = linear(x, layers, K), v = linear(x, layers, V);
         at::Tensor query = at::empty({1, heads, rows, head_dim}, options);
         const float *qs = q.data_ptr<float>(), *kn = k.data_ptr<float>(), *vn = v.data_ptr<float>();
         float *qr = query.data_ptr<float>();
@@ -111,19 +80,14 @@ static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> eagle_greedy_c
             }
         }
         position += rows;
-        const at::Tensor attended = attend(query, new_keys.narrow(2, 0, position), new_values.narrow(2, 0, position), scale);
-        const at::Tensor h = x + bf16_linear(attended.view({rows, d}), layers, O);
-        // The head's RMSNorm: weight * (h * rsqrt(mean(h^2) + eps)), on the last row only from here on: the
-        // rows before it are cached already and predict nothing the chain reads.
-        const float *last = h.data_ptr<float>() + (rows - 1) * d;
-        float squares = 0.0f;
-        for (int64_t i = 0; i < d; i++) squares += last[i] * last[i];
-        const float inverse = 1.0f / std::sqrt(squares / static_cast<float>(d) + static_cast<float>(eps));
+        const at::Tensor attended =
+            attend(query, new_keys.narrow(2, 0, position), new_values.narrow(2, 0, position), c10::nullopt, scale);
+        const at::Tensor h = x + linear(attended.view({rows, d}), layers, O);
+        // The head's RMSNorm on the last row only from here on: the rows before it are cached already and
+        // predict nothing the chain reads.
         at::Tensor normed = at::empty({1, d}, options);
-        float *ns = normed.data_ptr<float>();
-        for (int64_t i = 0; i < d; i++) ns[i] = gamma[i] * (last[i] * inverse);
-        const at::Tensor mlp = bf16_linear(at::silu(bf16_linear(normed, layers, GATE)) * bf16_linear(normed, layers, UP),
-                                           layers, DOWN);
+        rms_norm(h.data_ptr<float>() + (rows - 1) * d, gamma, normed.data_ptr<float>(), 1, d, static_cast<float>(eps));
+        const at::Tensor mlp = linear(at::silu(linear(normed, layers, GATE)) * linear(normed, layers, UP), layers, DOWN);
         const at::Tensor predicted = h.narrow(0, rows - 1, 1) + mlp;
         const at::Tensor logits = coded_linear(predicted, lm_codes, lm_rows, lm_bits);
         if (step == 0 && candidates > 1) {

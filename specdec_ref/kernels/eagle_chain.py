@@ -40,6 +40,13 @@ def available() -> tuple[bool, str]:
     return build_operator(SOURCE, ("eagle_greedy_chain",), "EAGLE chain operator", _output_shapes)
 
 
+def _linear_layers(head) -> list[torch.nn.Module]:
+    """An :class:`~specdec_ref.eagle.EagleHead`'s linear layers in :data:`LAYERS` order."""
+    layer = head.layers[0]
+    return [head.fc, *(getattr(layer.self_attn, name) for name in LAYERS[1:5]),
+            *(getattr(layer.mlp, name) for name in LAYERS[5:])]
+
+
 class OneCallChain:
     """:meth:`~specdec_ref.eagle.EagleDrafter.greedy_chain` as one operator call, for a drafter whose
     head layers are bf16-stored and whose LM head rows are GGUF-coded (the fast path's forms)."""
@@ -47,9 +54,7 @@ class OneCallChain:
     def __init__(self, drafter) -> None:
         head, config = drafter.head, drafter.head.config
         layer = head.layers[0]
-        modules = {"fc": head.fc, **{name: getattr(layer.self_attn, name) for name in LAYERS[1:5]},
-                   **{name: getattr(layer.mlp, name) for name in LAYERS[5:]}}
-        self.layers = [t for name in LAYERS for t in (modules[name].packed, modules[name].weight.detach())]
+        self.layers = [t for module in _linear_layers(head) for t in (module.packed, module.weight.detach())]
         self.norm, self.eps = layer.post_attention_layernorm.weight.detach(), layer.post_attention_layernorm.eps
         self.lm_head, self.embedding = drafter.lm_head, drafter.embed.weight.detach()
         self.draft_vocab = drafter.draft_vocab if drafter.draft_vocab is not None else torch.empty(0, dtype=torch.long)
@@ -59,10 +64,7 @@ class OneCallChain:
 
     @staticmethod
     def applies(drafter) -> bool:
-        head = drafter.head
-        layer = head.layers[0]
-        linear = [head.fc, *(getattr(layer.self_attn, n) for n in LAYERS[1:5]), *(getattr(layer.mlp, n) for n in LAYERS[5:])]
-        return (all(isinstance(m, bf16.Bf16WeightLinear) and m.bias is None for m in linear)
+        return (all(isinstance(m, bf16.Bf16WeightLinear) and m.bias is None for m in _linear_layers(drafter.head))
                 and isinstance(drafter.lm_head, gguf.GgufWeightLinear) and drafter.lm_head.bias is None
                 and drafter.embed.weight.dtype == torch.float32 and available()[0])
 

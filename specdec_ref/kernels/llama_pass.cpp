@@ -13,53 +13,15 @@
 // which the kernels about 6; compiled by torch.compile, 9.4-9.7 ms; in this one call, 7.5 ms, the LM head
 // included: the operators' own time and a few microseconds of loops per layer.
 //
-// ids: [T] the tokens; embedding: [vocabulary, D] their embeddings; cos, sin: [T, head_dim] the rotary embedding at each token's
+// ids: [T] the tokens; embedding: [vocabulary, D] their embeddings; cos, sin: [T, head_dim / 2] the rotary embedding at each token's
 // position; mask: none (causal) or [1, 1, T, start + T] booleans or floats added to the scores (a tree
 // of drafts); keys[l], values[l]: layer l's cache buffers [1, Hkv, capacity, head_dim], written at
 // positions start .. start + T - 1; norms: each layer's input and post-attention RMSNorm weights, then
 // the final norm's; codes: each layer's packed (q, k, v), o, (gate, up) and down codes; bits: their
 // code widths. Returns the final norm of the last layer's output, [T, D].
-#include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
-#include <cmath>
-#include <cstdint>
-
-using Linear = at::Tensor(const at::Tensor &, const at::Tensor &, int64_t, int64_t);
-using Attention = at::Tensor(const at::Tensor &, const at::Tensor &, const at::Tensor &,
-                             const c10::optional<at::Tensor> &, double, bool);
-
-// The operators are found when first used: their libraries are loaded before this one is called.
-static at::Tensor linear(const at::Tensor &x, const at::Tensor &codes, int64_t out_features, int64_t bits) {
-    static const auto op = c10::Dispatcher::singleton()
-        .findSchemaOrThrow("specdec::gguf_weights_linear", "").typed<Linear>();
-    return op.call(x, codes, out_features, bits);
-}
-
-static at::Tensor attend(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
-                         const c10::optional<at::Tensor> &mask, double scale) {
-    static const auto op = c10::Dispatcher::singleton()
-        .findSchemaOrThrow("specdec::few_query_attention", "").typed<Attention>();
-    return op.call(q, k, v, mask, scale, !mask.has_value());
-}
-
-// transformers' LlamaRMSNorm in fp32: weight * (x * rsqrt(mean(x^2) + eps)).
-static void rms_norm(const float *x, const float *weight, float *out, int64_t rows, int64_t d, float eps) {
-    for (int64_t r = 0; r < rows; r++, x += d, out += d) {
-        float squares = 0.0f;
-        for (int64_t i = 0; i < d; i++) squares += x[i] * x[i];
-        const float inverse = 1.0f / std::sqrt(squares / static_cast<float>(d) + eps);
-        for (int64_t i = 0; i < d; i++) out[i] = weight[i] * (x[i] * inverse);
-    }
-}
-
-// x * cos + rotate_half(x) * sin for one head's head_dim values, rotate_half(x) = (-x2, x1).
-static void rotate(const float *x, const float *cos, const float *sin, float *out, int64_t head_dim) {
-    const int64_t half = head_dim / 2;
-    for (int64_t i = 0; i < half; i++) out[i] = x[i] * cos[i] + -x[i + half] * sin[i];
-    for (int64_t i = half; i < head_dim; i++) out[i] = x[i] * cos[i] + x[i - half] * sin[i];
-}
+#include "pass_ops.h"
 
 static at::Tensor llama_layers(const at::Tensor &ids, const at::Tensor &embedding, const at::Tensor &cos, const at::Tensor &sin,
                                const c10::optional<at::Tensor> &mask, at::TensorList keys, at::TensorList values,
@@ -71,8 +33,8 @@ static at::Tensor llama_layers(const at::Tensor &ids, const at::Tensor &embeddin
                 "llama_layers: an embedding [vocabulary, D], float32, contiguous");
     const int64_t t = ids.size(0), d = embedding.size(1), head_dim = d / heads;
     TORCH_CHECK(heads * head_dim == d && heads % kv_heads == 0, "llama_layers: D a multiple of the heads, Hq of Hkv");
-    TORCH_CHECK(cos.sizes() == sin.sizes() && cos.size(0) == t && cos.size(1) == head_dim && cos.is_contiguous() &&
-                sin.is_contiguous(), "llama_layers: cos and sin [T, head_dim], contiguous");
+    TORCH_CHECK(cos.sizes() == sin.sizes() && cos.size(0) == t && cos.size(1) == head_dim / 2 && cos.is_contiguous() &&
+                sin.is_contiguous(), "llama_layers: cos and sin [T, head_dim / 2], contiguous");
     TORCH_CHECK(static_cast<int64_t>(values.size()) == layers && static_cast<int64_t>(norms.size()) == 2 * layers + 1 &&
                 static_cast<int64_t>(codes.size()) == 4 * layers && static_cast<int64_t>(bits.size()) == 4 * layers,
                 "llama_layers: per layer one key and one value buffer, two norms, four codes; then the final norm");
@@ -95,13 +57,13 @@ static at::Tensor llama_layers(const at::Tensor &ids, const at::Tensor &embeddin
     float *hs = h.data_ptr<float>(), *xs = normed.data_ptr<float>(), *qs = query.data_ptr<float>();
     for (int64_t l = 0; l < layers; l++) {
         rms_norm(hs, norms[2 * l].data_ptr<float>(), xs, t, d, epsilon);
-        const at::Tensor qkv = linear(normed, codes[4 * l], q_width + 2 * kv_width, bits[4 * l]);
+        const at::Tensor qkv = coded_linear(normed, codes[4 * l], q_width + 2 * kv_width, bits[4 * l]);
         const float *projected = qkv.data_ptr<float>();
         float *cached_keys = keys[l].data_ptr<float>(), *cached_values = values[l].data_ptr<float>();
         const int64_t capacity = keys[l].size(2);
         for (int64_t row = 0; row < t; row++) {
             const float *q = projected + row * (q_width + 2 * kv_width), *k = q + q_width, *v = k + kv_width;
-            const float *c = cosines + row * head_dim, *s = sines + row * head_dim;
+            const float *c = cosines + row * (head_dim / 2), *s = sines + row * (head_dim / 2);
             for (int64_t head = 0; head < heads; head++)
                 rotate(q + head * head_dim, c, s, qs + (head * t + row) * head_dim, head_dim);
             for (int64_t head = 0; head < kv_heads; head++) {
@@ -112,15 +74,15 @@ static at::Tensor llama_layers(const at::Tensor &ids, const at::Tensor &embeddin
         }
         const at::Tensor attended = attend(query, keys[l].narrow(2, 0, start + t), values[l].narrow(2, 0, start + t),
                                            mask, scale);
-        const at::Tensor output = linear(attended.view({t, d}), codes[4 * l + 1], d, bits[4 * l + 1]);
+        const at::Tensor output = coded_linear(attended.view({t, d}), codes[4 * l + 1], d, bits[4 * l + 1]);
         const float *os = output.data_ptr<float>();
         for (int64_t i = 0; i < t * d; i++) hs[i] = hs[i] + os[i];
 
         rms_norm(hs, norms[2 * l + 1].data_ptr<float>(), xs, t, d, epsilon);
-        const at::Tensor gate_up = linear(normed, codes[4 * l + 2], 2 * intermediate, bits[4 * l + 2]);
+        const at::Tensor gate_up = coded_linear(normed, codes[4 * l + 2], 2 * intermediate, bits[4 * l + 2]);
         // SiLU(gate) * up with ATen's own vectorised SiLU, the eager model's.
         at::silu_out(gated, gate_up.narrow(1, 0, intermediate)).mul_(gate_up.narrow(1, intermediate, intermediate));
-        const at::Tensor down = linear(gated, codes[4 * l + 3], d, bits[4 * l + 3]);
+        const at::Tensor down = coded_linear(gated, codes[4 * l + 3], d, bits[4 * l + 3]);
         const float *ds = down.data_ptr<float>();
         for (int64_t i = 0; i < t * d; i++) hs[i] = hs[i] + ds[i];
     }

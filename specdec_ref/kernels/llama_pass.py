@@ -124,7 +124,8 @@ class PassForward:
         if needed > self.cos.shape[0]:
             table = torch.arange(max(needed, 2 * self.cos.shape[0], 256))[None]
             cos, sin = self.rotary(self.embedding[:1], table)
-            self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()
+            half = cos.shape[-1] // 2  # Llama's tables repeat their first half
+            self.cos, self.sin = cos[0, :, :half].contiguous(), sin[0, :, :half].contiguous()
         if positions is None:
             return self.cos[start:start + tokens], self.sin[start:start + tokens]
         return self.cos[positions], self.sin[positions]
