@@ -64,13 +64,16 @@ class DrafterBase:
     the library derives from it (draft model, cross-tokenizer, prompt lookup, EAGLE, tracing).
 
     - ``reads_target_features``: when True, the loop asks the target for its last hidden states in
-      the passes it runs anyway and hands them to :meth:`update` (EAGLE).
+      the passes it runs anyway and hands them to :meth:`update` (EAGLE);
+      ``target_feature_layers``: lower layers' hidden states (their ``hidden_states`` indices) it
+      wants too, put before the last one's in each row (a multi-layer EAGLE-3 head).
     - :meth:`for_target`: the same drafter for another form of its target (its fast copy).
     - :attr:`weight_bytes` and :attr:`num_parameters`: what one draft step reads, for the roofline.
     - :meth:`draft_step`: one repeatable draft step, to time the draft's cost c.
     """
 
     reads_target_features: bool = False
+    target_feature_layers: tuple[int, ...] = ()
 
     @property
     def name(self) -> str:
@@ -89,7 +92,7 @@ class DrafterBase:
         """The target kept ``num_accepted`` proposed tokens; ``tokens`` is the sequence now.
 
         ``features`` (only for ``reads_target_features``): the target's last hidden states [m, d]
-        for the m positions its cache gained (after the prefill, the prompt's but the last; after
+        ([m, (layers + 1) d] with ``target_feature_layers``) for the m positions its cache gained (after the prefill, the prompt's but the last; after
         a verification, the last token's and the accepted drafts'), from the pass the loop ran.
         """
 
@@ -131,6 +134,7 @@ class _AdaptedDrafter(DrafterBase):
         self.drafter = drafter
         # A learner's feature drafter says so with the class attribute, and takes features in update.
         self.reads_target_features = bool(getattr(drafter, "reads_target_features", False))
+        self.target_feature_layers = tuple(getattr(drafter, "target_feature_layers", ()))
 
     @property
     def name(self) -> str:

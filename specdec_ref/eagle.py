@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,6 +49,12 @@ class EagleConfig:
     intermediate_size: int
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
+    #: Lower layers the head fuses with the top feature (EAGLE-3): indices into the target's
+    #: ``hidden_states`` (0 the embeddings, i the input of layer i). Empty: the top feature only.
+    feature_layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))
 
     @classmethod
     def for_target(cls, config) -> "EagleConfig":
@@ -135,14 +141,41 @@ class EagleHead(nn.Module):
     """fc(concat(embedding of x_{t+1}, f_t)) -> one decoder layer -> predicted f_{t+1}.
 
     The embedding and LM head are the target's and live outside the head, so the saved
-    head is only ``fc`` and ``layers.0``.
+    head is only ``fc`` and ``layers.0``, and ``fuse`` for a multi-layer head.
+
+    A multi-layer head (EAGLE-3, Li et al. 2025, arXiv:2503.01840; ``config.feature_layers``)
+    reads more of the target than its last layer: :meth:`fuse_features` maps the features of a
+    low and a middle layer, each RMS-normalised (the residual stream's scale varies a
+    hundredfold between layers), and the top feature through ``fuse`` to the f_t the head
+    reads. Drafts after the first read the head's own predicted features, as before.
     """
 
     def __init__(self, config: EagleConfig) -> None:
         super().__init__()
         self.config = config
-        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
+        d = config.hidden_size
+        self.fc = nn.Linear(2 * d, d, bias=False)
         self.layers = nn.ModuleList([Layer(config)])
+        if config.feature_layers:
+            self.fuse = nn.Linear((len(config.feature_layers) + 1) * d, d, bias=False)
+
+    @property
+    def feature_size(self) -> int:
+        """Values per position the head reads from the target: the feature layers' and the top one's."""
+        return (len(self.config.feature_layers) + 1) * self.config.hidden_size
+
+    def fuse_features(self, features: torch.Tensor) -> torch.Tensor:
+        """The f_t the head reads, [..., d], from the target's features [..., :attr:`feature_size`]
+        (the feature layers' in order, then the top one's); a one-layer head's pass through."""
+        if features.shape[-1] != self.feature_size:
+            raise ValueError(f"this head reads {self.feature_size} values a position from the target (layers "
+                             f"{list(self.config.feature_layers)} and the top one), got {features.shape[-1]}")
+        if not self.config.feature_layers:
+            return features
+        d = self.config.hidden_size
+        lower = features[..., :-d].unflatten(-1, (-1, d))
+        lower = F.rms_norm(lower, (d,), eps=self.config.rms_norm_eps).flatten(-2)
+        return self.fuse(torch.cat([lower, features[..., -d:]], -1))
 
     def forward(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                 past: tuple[torch.Tensor, torch.Tensor] | None = None, mask: torch.Tensor | None = None,
@@ -397,6 +430,7 @@ class EagleDrafter(DrafterBase):
         self.min_confidence = min_confidence
         self.first_candidates = first_candidates
         self.tree = tree
+        self.target_feature_layers = head.config.feature_layers
         # On a compiled target the greedy chain is compiled too (one graph for its k head steps); a
         # fast target may give it as one C++ call.
         compiler, one_call = getattr(target, COMPILER, None), getattr(target, GREEDY_CHAIN, None)
@@ -422,7 +456,10 @@ class EagleDrafter(DrafterBase):
         """One draft step after ``tokens``: the head reads the last real feature and drafts one
         token; rewound after each call, so calls repeat."""
         context = tokens.numel() - 1
-        features = target(tokens[None, :context].to(target.device), output_hidden_states=True).hidden_states[-1][0]
+        from .speculative import drafter_features  # the loop's module imports this one
+
+        states = target(tokens[None, :context].to(target.device), output_hidden_states=True).hidden_states
+        features = drafter_features(states, slice(None), self.target_feature_layers)
         self.start(tokens[:context], 1)
         self.update(tokens[:context], 0, features[:-1])
         greedy = Sampler()
@@ -452,10 +489,14 @@ class EagleDrafter(DrafterBase):
 
     def update(self, tokens: torch.LongTensor, num_accepted: int, features: torch.Tensor | None = None) -> None:
         """``features``: the target's last hidden states [m, d] for the positions its cache
-        gained since the last call (the prefill's, or the accepted ones of a verification)."""
+        gained since the last call (the prefill's, or the accepted ones of a verification); a
+        multi-layer head's, [m, (layers + 1) d], are fused here (:meth:`EagleHead.fuse_features`)."""
         if self.keys is not None:  # drop the draft entries: they came from predicted features
             self.keys, self.values = self.keys[:, :, : self.cached], self.values[:, :, : self.cached]
         if features is not None and features.numel():
+            if self.target_feature_layers:
+                with torch.inference_mode():
+                    features = self.head.fuse_features(features.to(self.lm_head.weight.dtype))
             self.features.append(features)
 
     def propose(self, tokens: torch.LongTensor, max_tokens: int, sampler: Sampler) -> Proposal:
@@ -617,8 +658,9 @@ class EagleDrafter(DrafterBase):
     def weight_bytes(self) -> float:
         """Bytes one draft step reads: the head, its LM head rows and one embedding row."""
         row = self.embed.weight[0]
-        return streamed_weight_bytes(self.head) + streamed_weight_bytes(self.lm_head) + float(
-            row.numel() * row.element_size())
+        fuse = getattr(self.head, "fuse", None)  # a multi-layer head fuses the target's features once an iteration
+        return (streamed_weight_bytes(self.head) - (0.0 if fuse is None else streamed_weight_bytes(fuse))
+                + streamed_weight_bytes(self.lm_head) + float(row.numel() * row.element_size()))
 
 
 def check_head_fits(head: EagleHead, draft_vocab: torch.LongTensor | None, target: nn.Module) -> None:
@@ -643,7 +685,8 @@ CONFIG_NAME, WEIGHTS_NAME, VOCAB_NAME = "config.json", "model.safetensors", "dra
 def save_head(head: EagleHead, folder: Path, draft_vocab: torch.LongTensor | None, target_config,
               record: dict | None = None) -> None:
     """bfloat16 weights in vLLM's EAGLE-Llama names, a ``config.json`` vLLM can read (the
-    target's with one layer and the EAGLE architecture), and the draft vocabulary."""
+    target's with one layer and the EAGLE architecture; a multi-layer head's, which vLLM does
+    not load, names the course's own), and the draft vocabulary."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -652,7 +695,9 @@ def save_head(head: EagleHead, folder: Path, draft_vocab: torch.LongTensor | Non
     config = target_config.to_dict()
     for key in ("_name_or_path", "quantization_config", "transformers_version", "dtype", "torch_dtype"):
         config.pop(key, None)
-    config.update(architectures=["EagleLlamaForCausalLM"], num_hidden_layers=1,
+    # vLLM's eagle method loads a one-layer head; a multi-layer one has the course's own layout.
+    architecture = "SpecdecMultiLayerEagleHead" if head.config.feature_layers else "EagleLlamaForCausalLM"
+    config.update(architectures=[architecture], num_hidden_layers=1,
                   specdec_eagle=asdict(head.config) | {"record": record or {}})
     (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
     vocab = None if draft_vocab is None else draft_vocab.tolist()
@@ -683,4 +728,22 @@ def init_head(config: EagleConfig, seed: int = 0) -> EagleHead:
     d = config.hidden_size
     with torch.no_grad():
         head.fc.weight[:, d:] += torch.eye(d)
+        if config.feature_layers:
+            head.fuse.weight.zero_()[:, -d:] = torch.eye(d)
     return head
+
+
+def widen_head(head: EagleHead, feature_layers: tuple[int, ...]) -> EagleHead:
+    """A multi-layer head that starts as ``head`` (a one-layer one): its weights, and a ``fuse``
+    that passes the top feature through and reads nothing of the lower layers yet, so training
+    it can only add what those layers hold."""
+    if head.config.feature_layers:
+        raise ValueError(f"this head already reads layers {list(head.config.feature_layers)}")
+    if not feature_layers:
+        raise ValueError("name the lower layers the widened head reads (feature_layers)")
+    wide = EagleHead(replace(head.config, feature_layers=feature_layers)).to(head.fc.weight.dtype)
+    wide.load_state_dict(head.state_dict(), strict=False)
+    d = head.config.hidden_size
+    with torch.no_grad():
+        wide.fuse.weight.zero_()[:, -d:] = torch.eye(d)
+    return wide

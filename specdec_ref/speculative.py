@@ -201,17 +201,24 @@ class Verdict:
     features: torch.Tensor | None
 
 
+def drafter_features(hidden_states: tuple[torch.Tensor, ...], rows, layers: tuple[int, ...] = ()) -> torch.Tensor:
+    """The features a drafter reads at ``rows`` of a one-sequence pass: the hidden states of its
+    ``target_feature_layers``, then the last one's (after the final norm), side by side."""
+    return torch.cat([hidden_states[i][0, rows] for i in (*layers, -1)], -1)
+
+
 def verify_chain(target: torch.nn.Module, cache, tokens: torch.LongTensor, length: int, proposal: Proposal,
-                 sampler: Sampler, features: bool) -> Verdict:
+                 sampler: Sampler, features: tuple[int, ...] | None) -> Verdict:
     """One target pass over [last token, d1..dn] gives the target's distribution after every
     prefix (n + 1 positions; asked for by number, so a pass with no drafts has a decode step's
     shape); keep the longest agreeing prefix, then the target's own token (the correction at
-    the first disagreement, or the bonus token if all n agree)."""
+    the first disagreement, or the bonus token if all n agree). ``features``: the lower layers a
+    feature-reading drafter wants besides the last (:func:`drafter_features`); ``None``: none."""
     drafts = proposal.tokens.to(tokens.device)
     n = drafts.numel()
     tokens[length : length + n] = drafts
     out = target(tokens[None, length - 1 : length + n], past_key_values=cache, use_cache=True,
-                 logits_to_keep=n + 1, output_hidden_states=features)
+                 logits_to_keep=n + 1, output_hidden_states=features is not None)
     logits = out.logits[0]
     if sampler.greedy:
         num_accepted, next_token = accept_greedy(logits, drafts)
@@ -220,18 +227,19 @@ def verify_chain(target: torch.nn.Module, cache, tokens: torch.LongTensor, lengt
         num_accepted, next_token = accept_sampled(sampler.probs(logits), drafts, q, sampler)
     num_accepted = int(num_accepted)
     return Verdict(drafts[:num_accepted], next_token, num_accepted < n,
-                   out.hidden_states[-1][0, : num_accepted + 1] if features else None)
+                   None if features is None else drafter_features(out.hidden_states, slice(0, num_accepted + 1),
+                                                                  features))
 
 
 def verify_tree(target: torch.nn.Module, cache, tokens: torch.LongTensor, length: int, proposal: Proposal,
-                sampler: Sampler, features: bool) -> Verdict:
+                sampler: Sampler, features: tuple[int, ...] | None) -> Verdict:
     """One target pass over [last token, the tree's nodes] under a mask that lets each node read
     only its own branch; keep the branch the target accepts (greedy: the longest it agrees with;
     sampling: :func:`accept_sampled_tree`), its cache entries moved up to follow the last token.
     A tree's drafts are deterministic (``proposal.probs`` is not read)."""
     drafts, parents = proposal.tokens.to(tokens.device), proposal.parents.tolist()
     out = target(torch.cat([tokens[length - 1 : length], drafts])[None], past_key_values=cache, use_cache=True,
-                 logits_to_keep=drafts.numel() + 1, output_hidden_states=features,
+                 logits_to_keep=drafts.numel() + 1, output_hidden_states=features is not None,
                  **tree_verification_inputs(parents, length - 1, target.dtype, tokens.device))
     if sampler.greedy:
         path, next_token = accept_greedy_tree(out.logits[0], drafts, parents)
@@ -240,7 +248,8 @@ def verify_tree(target: torch.nn.Module, cache, tokens: torch.LongTensor, length
     keep_positions(cache, length, [length + node for node in path])
     rejected = (path[-1] if path else -1) in parents  # the branch stopped where it had children
     return Verdict(drafts[path], torch.tensor(next_token), rejected,
-                   out.hidden_states[-1][0, [0, *(node + 1 for node in path)]] if features else None)
+                   None if features is None else drafter_features(out.hidden_states, [0, *(node + 1 for node in path)],
+                                                                  features))
 
 
 def check_proposal(proposal: Proposal, max_drafts: int, drafter: DrafterBase) -> None:
@@ -278,7 +287,8 @@ def speculative_step(
     #    features gets them from this same pass.
     is_tree = proposal.parents is not None and proposal.tokens.numel() > 0
     verify = verify_tree if is_tree else verify_chain
-    verdict = verify(target, cache, tokens, length, proposal, sampler, drafter.reads_target_features)
+    verdict = verify(target, cache, tokens, length, proposal, sampler,
+                     drafter.target_feature_layers if drafter.reads_target_features else None)
     t2 = now()
 
     # 3. Accept: the kept drafts, then the target's own token.
@@ -360,7 +370,7 @@ def speculative_generate(
         prefill = target(prompt[None, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1,
                          output_hidden_states=drafter.reads_target_features)
         if drafter.reads_target_features:  # the prompt's features, but the last token's
-            drafter.update(prompt, 0, prefill.hidden_states[-1][0])
+            drafter.update(prompt, 0, drafter_features(prefill.hidden_states, slice(None), drafter.target_feature_layers))
         stats.prefill_seconds = now() - t0
         stats.target_forward_calls += 1
 

@@ -89,6 +89,7 @@ class TracingDrafter(DrafterBase):
     def __init__(self, inner: DrafterBase) -> None:
         self.inner = inner
         self.reads_target_features = inner.reads_target_features
+        self.target_feature_layers = inner.target_feature_layers
         self.iterations: list[Iteration] = []
         self.target_cache: list = [None]
         self.target_cache_after_forward = 0

@@ -7,6 +7,7 @@ acceptance length, and so every rollback, runs.
 """
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -18,9 +19,10 @@ from factories import build, prompt
 from specdec_ref import Sampler, speculative_generate
 from specdec_ref.costs import Costs
 from specdec_ref.eagle import (DraftHead, DraftTree, EagleConfig, EagleDrafter, eagle_inputs, init_head, load_head,
-                               save_head)
+                               save_head, widen_head)
 from specdec_ref.kernels.weights_first import WeightsFirstLinear, is_weights_first, weights_first
 from specdec_ref.recipes import eagle_data, eagle_head
+from specdec_ref.vllm import command
 from test_sampling_exactness import PROMPT, VOCAB, chi_square_pvalue, exact_joint, sample_counts
 
 EOS = 2
@@ -31,14 +33,16 @@ def greedy_reference(target, ids, max_new_tokens, eos=None):
                            do_sample=False, pad_token_id=0, eos_token_id=eos if eos is not None else [])
 
 
-def trained_head(target, ckpt: Path, sequences: list[torch.Tensor], seed: int = 0, steps: int = 300):
-    """A head fitted on ``sequences`` (the target's own greedy continuations)."""
-    data = eagle_data.target_features(target, sequences)
+def trained_head(target, ckpt: Path, sequences: list[torch.Tensor], seed: int = 0, steps: int = 300, head=None):
+    """A head fitted on ``sequences`` (the target's own greedy continuations): a fresh one, or
+    ``head`` trained on (with the lower layers it reads)."""
+    layers = () if head is None else head.config.feature_layers
+    data = eagle_data.target_features(target, sequences, feature_layers=layers)
     budget = eagle_data.Budget(gen_batch=1, new_tokens=1, greedy_batches=0, greedy_minutes=0, sampled_batches=0,
                                sampled_minutes=0, code_prompts=0, extra_code_prompts=0,
                                draft_vocab=target.config.vocab_size, steps=steps, train_minutes=0, batch_tokens=256,
                                lr=1e-2, eval_every_tokens=10**9)
-    head = init_head(EagleConfig.for_target(target.config), seed)
+    head = init_head(EagleConfig.for_target(target.config), seed) if head is None else head
     eagle_head.frozen_float(target)
     to_draft, lm_weight = eagle_head.draft_lm_head(target, None)
     record = eagle_head.train_head(head, target, data, {"train": data[:4]}, to_draft, lm_weight, budget, ckpt)
@@ -459,3 +463,70 @@ def test_draft_head_steps_draft_the_chain_the_drafter_proposes(target_and_head, 
     assert drafting.length == 11 and torch.equal(drafting.keys, drafting.keys[:, :, :11])
     with pytest.raises(ValueError, match="step reads input rows of shape"):
         drafting.step(features)
+
+
+# --- a multi-layer head (EAGLE-3): the tiny target's layer-1 input fused with its top feature ----------
+
+
+@pytest.fixture(scope="module")
+def multi_layer_head(target_and_head, tmp_path_factory):
+    """The trained head widened to read layer 1's input too, then trained on: its fuse reads that layer."""
+    target, head, _, sequences = target_and_head
+    wide = widen_head(copy.deepcopy(head), (1,))
+    trained, record = trained_head(target, tmp_path_factory.mktemp("eagle3") / "ckpt", sequences, steps=60, head=wide)
+    return trained, record
+
+
+def test_a_widened_head_starts_as_the_head_it_widens(target_and_head):
+    """Before training, the fuse passes the top feature through: the same drafts, pass for pass."""
+    target, head, _, sequences = target_and_head
+    wide = widen_head(head, (1,))
+    assert wide.num_parameters == head.num_parameters + 2 * head.config.hidden_size ** 2
+    ids = sequences[6][None, :6]
+    runs = [speculative_generate(target, EagleDrafter(h, target), ids, 40, 3, eos_token_id=[]) for h in (head, wide)]
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+    assert runs[0].stats.accepted_histogram == runs[1].stats.accepted_histogram
+    with pytest.raises(ValueError, match="already reads layers"):
+        widen_head(wide, (1,))
+
+
+def test_fused_features_normalise_each_lower_layer_and_check_their_width(multi_layer_head):
+    head, _ = multi_layer_head
+    d = head.config.hidden_size
+    assert head.fuse.weight[:, :d].abs().max() > 0, "training left the lower layer unread"
+    features = torch.randn(5, 2 * d)
+    scaled = torch.cat([features[:, :d] * 300, features[:, d:]], -1)  # the residual stream's scale varies
+    torch.testing.assert_close(head.fuse_features(scaled), head.fuse_features(features), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match=f"reads {2 * d} values a position"):
+        head.fuse_features(features[:, :d])
+
+
+@pytest.mark.parametrize("tree", [None, DraftTree(top_k=3, max_nodes=6)], ids=["chain", "dynamic tree"])
+@pytest.mark.parametrize("prompt_len", [1, 12])
+def test_a_multi_layer_head_gets_the_lower_layer_and_keeps_the_output(target_and_head, multi_layer_head, tree,
+                                                                       prompt_len):
+    """The loop hands a multi-layer head each position's layer-1 input beside its top feature, for the
+    accepted branch only; the output is the target's greedy output."""
+    target, _, _, sequences = target_and_head
+    head, record = multi_layer_head
+    ids = sequences[prompt_len][None, :prompt_len]
+    drafter = Recording(head, target, tree=tree)
+    out = speculative_generate(target, drafter, ids, max_new_tokens=40, num_draft_tokens=3, eos_token_id=[])
+    assert torch.equal(out.sequences, greedy_reference(target, ids, 40))
+    states = target(out.sequences[:, :-1], output_hidden_states=True).hidden_states
+    received = torch.cat(drafter.received)
+    torch.testing.assert_close(received, torch.cat([states[1][0], states[-1][0]], -1), rtol=1e-4, atol=1e-4)
+    if prompt_len == 12:  # accepted along its training sequence
+        assert out.stats.tokens_per_target_pass > 1.5, record["curve"][-1]
+
+
+def test_a_multi_layer_head_saves_its_layers_and_vllm_is_not_given_it(tmp_path, target_and_head, multi_layer_head):
+    target = target_and_head[0]
+    head, _ = multi_layer_head
+    save_head(head, tmp_path, None, target.config)
+    loaded, _ = load_head(tmp_path)
+    assert loaded.config.feature_layers == (1,) and torch.equal(loaded.fuse.weight, head.fuse.weight.bfloat16().float())
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["SpecdecMultiLayerEagleHead"]
+    with pytest.raises(ValueError, match="multi-layer EAGLE head .* layers \\[1\\]"):
+        command.check_draft("eagle", str(tmp_path), "zoo:target")

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from specdec_ref import autoregressive_generate, lesson_tools, speculative_generate, zoo
-from specdec_ref.eagle import EagleDrafter
+from specdec_ref.eagle import EagleDrafter, widen_head
 from specdec_ref.kernels import build as kernel_build, eagle_chain, fast, gguf, llama_pass
 from specdec_ref.kv_cache import new_cache
-from specdec_ref.speculative import tree_verification_inputs
+from specdec_ref.speculative import drafter_features, tree_verification_inputs
 
 pytestmark = pytest.mark.skipif(not kernel_build.has_vector_units(kernel_build.cpu_flags()),
                                 reason="the kernels are AVX2 code; this CPU has no AVX2 with FMA")
@@ -65,7 +65,10 @@ def test_a_pass_gives_the_logits_features_and_cache_of_the_layer_by_layer_forwar
     want = layer_by_layer(part, past_key_values=reference, use_cache=True, output_hidden_states=True)
     # The same kernels; RMSNorm, the rotary embedding and the residual adds sum in another order.
     torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(got.hidden_states[-1], want.hidden_states[-1], rtol=1e-4, atol=1e-4)
+    # Every layer's input too (a multi-layer EAGLE head reads lower ones), then the final norm's output.
+    assert len(got.hidden_states) == len(want.hidden_states) == quick.config.num_hidden_layers + 1
+    for ours, theirs in zip(got.hidden_states, want.hidden_states):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-3)
     assert one_call.get_seq_length() == reference.get_seq_length() == start + tokens
     for ours, theirs in zip(one_call.layers, reference.layers):
         torch.testing.assert_close(ours.keys, theirs.keys, rtol=1e-4, atol=1e-4)
@@ -149,7 +152,8 @@ def test_the_operator_refuses_a_cache_too_short_for_the_pass(smollm2):
     cos, sin = one._rotary(4, 2, None)
     with pytest.raises(RuntimeError, match="capacity >= start \\+ T"):
         torch.ops.specdec.llama_layers(ids[0, 4:6].contiguous(), one.embedding, cos, sin, None, short, short, 4,
-                                       one.norms, one.codes, one.bits, one.heads, one.kv_heads, one.intermediate, one.eps)
+                                       one.norms, one.codes, one.bits, one.heads, one.kv_heads, one.intermediate, one.eps,
+                                       False)
 
 
 def test_the_step_profile_sees_the_kernels_inside_the_one_call_pass(smollm2):
@@ -180,3 +184,31 @@ def test_an_eagle_head_on_the_fast_target_drafts_its_chain_in_one_call(smollm2):
         assert proposals["one call"] == proposals["per step"], width
         drafted = [tokens for tokens, _ in proposals["one call"] if tokens]
         assert len(calls) == len(drafted) - 1 > 0, width
+
+
+def test_a_multi_layer_head_on_the_fast_target_reads_the_lower_layers_of_the_one_call_pass(smollm2):
+    """A multi-layer head (SmolLM2's head widened to read layers 2 and 15, their fuse columns random)
+    gets from the one-call passes the features the layer-by-layer forward gives; the output stays
+    SmolLM2's greedy output."""
+    target, quick, ids = smollm2
+    head, vocab = zoo.load_eagle("zoo:smollm2-eagle")
+    wide = widen_head(head, (2, 15))
+    d = head.config.hidden_size
+    with torch.no_grad():
+        wide.fuse.weight[:, :2 * d] = 0.02 * torch.randn(d, 2 * d, generator=torch.Generator().manual_seed(0))
+    received = []
+
+    class Recording(EagleDrafter):
+        def update(self, tokens, num_accepted, features=None):
+            if features is not None:
+                received.append(features.clone())
+            super().update(tokens, num_accepted, features)
+
+    drafter = Recording(wide, quick, vocab)
+    out = speculative_generate(quick, drafter, ids, 24, 3, eos_token_id=[])
+    assert torch.equal(out.sequences, autoregressive_generate(target, ids, 24, eos_token_id=[]).sequences)
+    assert llama_pass.runs(quick) and torch.cat(received).shape == (out.sequences.shape[1] - 1, 3 * d)
+    with torch.inference_mode():
+        states = quick.forward.forward(out.sequences[:, :-1], output_hidden_states=True).hidden_states
+    torch.testing.assert_close(torch.cat(received), drafter_features(states, slice(None), (2, 15)),
+                               rtol=1e-4, atol=1e-3)

@@ -18,15 +18,16 @@
 // of drafts); keys[l], values[l]: layer l's cache buffers [1, Hkv, capacity, head_dim], written at
 // positions start .. start + T - 1; norms: each layer's input and post-attention RMSNorm weights, then
 // the final norm's; codes: each layer's packed (q, k, v), o, (gate, up) and down codes; bits: their
-// code widths. Returns the final norm of the last layer's output, [T, D].
+// code widths. Returns the final norm of the last layer's output, [T, D], and with keep_inputs each
+// layer's input (the residual stream: what a model's hidden_states hold before the last), [L, T, D].
 #include <torch/library.h>
 
 #include "pass_ops.h"
 
-static at::Tensor llama_layers(const at::Tensor &ids, const at::Tensor &embedding, const at::Tensor &cos, const at::Tensor &sin,
+static std::tuple<at::Tensor, at::Tensor> llama_layers(const at::Tensor &ids, const at::Tensor &embedding, const at::Tensor &cos, const at::Tensor &sin,
                                const c10::optional<at::Tensor> &mask, at::TensorList keys, at::TensorList values,
                                int64_t start, at::TensorList norms, at::TensorList codes, at::IntArrayRef bits,
-                               int64_t heads, int64_t kv_heads, int64_t intermediate, double eps) {
+                               int64_t heads, int64_t kv_heads, int64_t intermediate, double eps, bool keep_inputs) {
     const int64_t layers = static_cast<int64_t>(keys.size());
     TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong && ids.is_contiguous(), "llama_layers: ids [T], int64");
     TORCH_CHECK(embedding.dim() == 2 && embedding.scalar_type() == at::kFloat && embedding.is_contiguous(),
@@ -54,8 +55,10 @@ static at::Tensor llama_layers(const at::Tensor &ids, const at::Tensor &embeddin
     const auto options = embedding.options();
     at::Tensor normed = at::empty({t, d}, options), query = at::empty({1, heads, t, head_dim}, options);
     at::Tensor gated = at::empty({t, intermediate}, options);
+    at::Tensor inputs = at::empty({keep_inputs ? layers : 0, t, d}, options);
     float *hs = h.data_ptr<float>(), *xs = normed.data_ptr<float>(), *qs = query.data_ptr<float>();
     for (int64_t l = 0; l < layers; l++) {
+        if (keep_inputs) std::copy(hs, hs + t * d, inputs.data_ptr<float>() + l * t * d);
         rms_norm(hs, norms[2 * l].data_ptr<float>(), xs, t, d, epsilon);
         const at::Tensor qkv = coded_linear(normed, codes[4 * l], q_width + 2 * kv_width, bits[4 * l]);
         const float *projected = qkv.data_ptr<float>();
@@ -87,12 +90,12 @@ static at::Tensor llama_layers(const at::Tensor &ids, const at::Tensor &embeddin
         for (int64_t i = 0; i < t * d; i++) hs[i] = hs[i] + ds[i];
     }
     rms_norm(hs, norms[2 * layers].data_ptr<float>(), xs, t, d, epsilon);
-    return normed;
+    return {normed, inputs};
 }
 
 TORCH_LIBRARY_FRAGMENT(specdec, library) {
     library.def("llama_layers(Tensor ids, Tensor embedding, Tensor cos, Tensor sin, Tensor? mask, Tensor[] keys, Tensor[] values, "
                 "int start, Tensor[] norms, Tensor[] codes, int[] bits, int heads, int kv_heads, int intermediate, "
-                "float eps) -> Tensor");
+                "float eps, bool keep_inputs) -> (Tensor, Tensor)");
     library.impl("llama_layers", c10::DispatchKey::CPU, TORCH_FN(llama_layers));
 }

@@ -29,8 +29,10 @@ SOURCE = Path(__file__).with_name("llama_pass.cpp")
 PREFILL_TOKENS = 64
 
 
-def _output_shape(ids: torch.Tensor, embedding: torch.Tensor, *rest) -> torch.Tensor:
-    return embedding.new_empty(ids.shape[0], embedding.shape[1])
+def _output_shape(ids: torch.Tensor, embedding: torch.Tensor, cos, sin, mask, keys, *rest) -> tuple[torch.Tensor, torch.Tensor]:
+    keep_inputs = rest[-1]
+    return (embedding.new_empty(ids.shape[0], embedding.shape[1]),
+            embedding.new_empty(len(keys) if keep_inputs else 0, ids.shape[0], embedding.shape[1]))
 
 
 @cache
@@ -93,8 +95,10 @@ class PassForward:
     cache of :class:`~specdec_ref.kv_cache.PreallocatedLayer` s, with no mask or a 4-d one (a tree's)
     and optional ``position_ids``, and a prompt of up to :data:`PREFILL_TOKENS` in passes of
     ``MAX_ROWS`` (so each of its positions too gets what a one-token step gives); anything else (a
-    longer prompt, ``inputs_embeds``, a plain ``DynamicCache``) goes to the model's own ``forward``. ``hidden_states`` (when asked for) holds
-    the last layer's output after the final norm only: what drafters read (``hidden_states[-1]``).
+    longer prompt, ``inputs_embeds``, a plain ``DynamicCache``) goes to the model's own ``forward``.
+    ``hidden_states`` (when asked for) are the model's own: each layer's input, then the last layer's
+    output after the final norm (what drafters read: ``hidden_states[-1]``, and a multi-layer head
+    lower ones too).
     """
 
     TAKES = {"past_key_values", "use_cache", "logits_to_keep", "output_hidden_states", "attention_mask",
@@ -156,18 +160,24 @@ class PassForward:
                 layer.reserve(start + tokens)
             keys, values = [layer.key_buffer for layer in cache.layers], [layer.value_buffer for layer in cache.layers]
             ids = input_ids[0].contiguous()
-            normed = []
+            keep_inputs = bool(kwargs.get("output_hidden_states"))
+            normed, inputs = [], []
             for first in range(0, tokens, gguf.MAX_ROWS):
                 size = min(gguf.MAX_ROWS, tokens - first)
                 cos, sin = self._rotary(start + first, size, None if positions is None else positions.view(-1))
-                normed.append(torch.ops.specdec.llama_layers(
+                last, layer_inputs = torch.ops.specdec.llama_layers(
                     ids[first:first + size], self.embedding, cos, sin, kwargs.get("attention_mask"), keys, values,
                     start + first, self.norms, self.codes, self.bits, self.heads, self.kv_heads, self.intermediate,
-                    self.eps))
+                    self.eps, keep_inputs)
+                normed.append(last)
+                inputs.append(layer_inputs)
             normed = normed[0] if len(normed) == 1 else torch.cat(normed)
             for layer in cache.layers:
                 layer.length = start + tokens
             keep = kwargs.get("logits_to_keep", 0) or tokens
             logits = self.lm_head(normed[tokens - keep:])
-        hidden_states = (normed[None],) if kwargs.get("output_hidden_states") else None
+        hidden_states = None
+        if keep_inputs:
+            inputs = inputs[0] if len(inputs) == 1 else torch.cat(inputs, 1)
+            hidden_states = (*inputs[:, None], normed[None])
         return CausalLMOutputWithPast(logits=logits[None], past_key_values=cache, hidden_states=hidden_states)

@@ -303,8 +303,8 @@ def load_continuations(folder: Path) -> list[tuple[np.ndarray, int]]:
 
 @dataclass
 class Features:
-    """Training sequences with the target's features: ``ids`` [T], ``features`` [T, d]
-    (bfloat16) and ``labels`` [T], the target's greedy token after each position.
+    """Training sequences with the target's features: ``ids`` [T], ``features`` [T, d], or
+    [T, (layers + 1) d] for a multi-layer head (bfloat16) and ``labels`` [T], the target's greedy token after each position.
     ``scored_from``: the first position whose label counts in held-out agreement."""
 
     ids: torch.Tensor
@@ -315,10 +315,12 @@ class Features:
 
 @torch.no_grad()
 def target_features(target, sequences: list[torch.Tensor], batch_tokens: int = 8192,
-                    scored_from: list[int] | None = None) -> list[Features]:
+                    scored_from: list[int] | None = None, feature_layers: tuple[int, ...] = ()) -> list[Features]:
     """One batched prefill per chunk of similar-length sequences (right-padded: causal
     attention never lets a position read the padding after it). ``scored_from``: each
-    sequence's :attr:`Features.scored_from` (0 for all by default)."""
+    sequence's :attr:`Features.scored_from` (0 for all by default). ``feature_layers``: a
+    multi-layer head's lower layers (``hidden_states`` indices), whose features come before
+    the top one's in :attr:`Features.features`."""
     from specdec_ref.recipes.train import training_autocast
 
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
@@ -332,8 +334,9 @@ def target_features(target, sequences: list[torch.Tensor], batch_tokens: int = 8
         chunk = order[i:end]
         batch = pad_sequence([sequences[j] for j in chunk], batch_first=True).to(target.device)
         with training_autocast():  # a CPU's bfloat16 where native; a GPU's float32 (no CUDA autocast)
-            hidden = target.model(batch).last_hidden_state
-            labels = target.lm_head(hidden).argmax(-1)
+            states = target.model(batch, output_hidden_states=bool(feature_layers))
+            labels = target.lm_head(states.last_hidden_state).argmax(-1)
+            hidden = torch.cat([*(states.hidden_states[i] for i in feature_layers), states.last_hidden_state], -1)
         for row, j in enumerate(chunk):
             n = len(sequences[j])
             out[j] = Features(batch[row, :n].clone(), hidden[row, :n].to(torch.bfloat16).clone(),
@@ -343,7 +346,8 @@ def target_features(target, sequences: list[torch.Tensor], batch_tokens: int = 8
 
 
 def stored_features(target, data: Path, cache: Path | None = None, files_per_prefill: int = 16,
-                    prefill_tokens: int = 8192) -> list[Features]:
+                    prefill_tokens: int = 8192, feature_layers: tuple[int, ...] = (),
+                    files: list[str] | None = None) -> list[Features]:
     """:func:`target_features` of every stored continuation, in file order. With ``cache``,
     each data file's features are kept there (bfloat16, 1.2 KB a token, one file per data file
     and target dtype, checked against the data file's hash) and read back instead of computed:
@@ -351,15 +355,19 @@ def stored_features(target, data: Path, cache: Path | None = None, files_per_pre
     tokens/s on an AVX2 Zen 3), so a stopped run resumes. Missing files are computed
     ``files_per_prefill`` at a time: sorting more sequences by length pads less (a file alone
     pads the stored sequences by 14 %, 16 files at a time by 3 %); ``prefill_tokens`` padded
-    tokens per prefill."""
-    paths = sorted(data.glob("*.npz"))
+    tokens per prefill. ``feature_layers`` as in :func:`target_features` (each layer another
+    1.2 KB a token); ``files``: glob patterns of the data files to read (default all)."""
+    paths = sorted({path for pattern in files or ["*.npz"] for path in data.glob(pattern)})
+    if not paths:
+        raise ValueError(f"no data files in {data} match {files or ['*.npz']}")
     dtype = str(target.dtype).removeprefix("torch.")
+    layers = "".join(f".layer{i}" for i in feature_layers)
     by_file: dict[Path, list[Features]] = {}
     missing = []
     for path in paths:
         seqs = [torch.from_numpy(ids) for ids, _ in file_continuations(path)]
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        shard = cache / f"{path.stem}.{dtype}.pt" if cache else None
+        shard = cache / f"{path.stem}.{dtype}{layers}.pt" if cache else None
         saved = torch.load(shard, map_location=target.device) if shard and shard.exists() else None
         if saved is not None and saved["source_sha256"] == digest:
             lengths = [len(s) for s in seqs]
@@ -370,7 +378,8 @@ def stored_features(target, data: Path, cache: Path | None = None, files_per_pre
     computed, start = 0, time.time()
     for i in range(0, len(missing), files_per_prefill):
         group = missing[i:i + files_per_prefill]
-        feats = target_features(target, [s for _, seqs, _, _ in group for s in seqs], prefill_tokens)
+        feats = target_features(target, [s for _, seqs, _, _ in group for s in seqs], prefill_tokens,
+                                feature_layers=feature_layers)
         for path, seqs, digest, shard in group:
             by_file[path], feats = feats[:len(seqs)], feats[len(seqs):]
             computed += sum(len(s) for s in seqs)
@@ -385,13 +394,14 @@ def stored_features(target, data: Path, cache: Path | None = None, files_per_pre
 
 
 def heldout_features(target, tokenizer, per_kind: int, new_tokens: int,
-                     prompts: dict[str, list[str]] | None = None) -> dict[str, list[Features]]:
+                     prompts: dict[str, list[str]] | None = None,
+                     feature_layers: tuple[int, ...] = ()) -> dict[str, list[Features]]:
     """Features of SmolLM2's greedy continuations of held-out prompts (no topic, task or
     source file shared with training), by kind: what the learning curve is measured on.
     Agreement is scored on the continuations only, from their second token: the first comes
     from the target's prefill, and a prompt (a chat template most of all) is far easier to
     predict than what SmolLM2 writes after it. ``prompts``: the held-out prompts by kind
-    (:func:`prompt_sets`); built here by default."""
+    (:func:`prompt_sets`); built here by default. ``feature_layers`` as in :func:`target_features`."""
     from specdec_ref.zoo.prompts import heldout_prompts
 
     out = {}
@@ -399,7 +409,7 @@ def heldout_features(target, tokenizer, per_kind: int, new_tokens: int,
         texts = texts[:per_kind]
         seqs = batch_sequences(continuation_batch(target, tokenizer, texts, new_tokens, None))
         out[kind] = target_features(target, [torch.from_numpy(ids) for ids, _ in seqs],
-                                    scored_from=[prompt_len for _, prompt_len in seqs])
+                                    scored_from=[prompt_len for _, prompt_len in seqs], feature_layers=feature_layers)
     return out
 
 

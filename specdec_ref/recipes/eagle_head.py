@@ -103,12 +103,14 @@ def head_losses(head: EagleHead, embed: torch.nn.Module, lm_weight: torch.Tensor
     Each step's loss is smooth-L1 to the true next feature plus cross-entropy to the target's
     greedy next token. ``lm_weight`` holds the draft vocabulary's rows; ``to_draft`` maps a
     target id to its index there (-1: not in it, no cross-entropy there). Positions before a
-    sequence's ``scored_from`` are trained on but not counted in the stats."""
+    sequence's ``scored_from`` are trained on but not counted in the stats. A multi-layer
+    head's step 1 reads its fused features; its predictions are scored against the top ones."""
     ids, feats, labels = batch.ids, batch.features.float(), batch.labels
     t, device = ids.shape[1] - 1, ids.device
     emb = embed(ids[:, 1:]).float()
     positions = torch.arange(t, device=device)
-    pred1, (k1, v1) = head(emb, feats[:, :t], positions)
+    pred1, (k1, v1) = head(emb, head.fuse_features(feats[:, :t]), positions)
+    feats = feats[..., -head.config.hidden_size:]
     # step 2: position i reads (x_{i+1}, predicted f_i from step 1 at i - 1)
     layer = head.layers[0]
     x2 = head.fc(torch.cat([emb[:, 1:], pred1[:, :-1]], -1))
@@ -211,20 +213,22 @@ def train_head(head: EagleHead, target, data: list[Features], heldout: dict[str,
             "final_loss": float(np.mean(state["losses"][-20:])), "curve": state["curve"]}
 
 
-def save(head: EagleHead, vocab: torch.LongTensor, target_config, out: Path, record: dict) -> None:
-    """The head in ``out/smollm2-eagle``, its checksums and record merged into ``out/manifest.json``."""
+def save(head: EagleHead, vocab: torch.LongTensor, target_config, out: Path, record: dict,
+         name: str = "smollm2-eagle") -> None:
+    """The head in ``out/name``, its checksums and record merged into ``out/manifest.json``."""
     from specdec_ref.eagle import save_head
     from specdec_ref.zoo import add_to_manifest
 
-    folder = out / "smollm2-eagle"
+    folder = out / name
     save_head(head, folder, vocab, target_config, record)
-    add_to_manifest(out, folder, "smollm2_eagle", record)
+    add_to_manifest(out, folder, name.replace("-", "_"), record)
 
 
 def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DIR, seed: int = 0,
           generate: bool = True, init: Path | None = None, train_minutes: float | None = None,
           lr: float | None = None, device: str = "cpu", prompts: Path | None = None,
-          sampled_minutes: float | None = None, instruct_minutes: float | None = None) -> dict:
+          sampled_minutes: float | None = None, instruct_minutes: float | None = None,
+          feature_layers: tuple[int, ...] = (), files: list[str] | None = None, name: str = "smollm2-eagle") -> dict:
     """Every stage; returns the record written to the manifest. ``generate=False`` trains on
     the continuations already stored in ``data``. ``init``: a saved head to go on training
     (with its draft vocabulary) instead of a fresh one; ``train_minutes`` and ``lr`` (the
@@ -232,8 +236,11 @@ def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DI
     (stage 1's time). ``device``: where SmolLM2 and the head run
     ("cuda" for the ``gpu`` budget); ``prompts``: a ``--export-prompts`` file. On a CPU the
     features are cached in ``work/features`` (a GPU recomputes them in seconds); the training
-    checkpoint is kept in ``work``."""
-    from specdec_ref.eagle import CONFIG_NAME, EagleConfig, init_head, load_head
+    checkpoint is kept in ``work``. ``feature_layers``: train a multi-layer head reading those
+    layers too (EAGLE-3); with ``init``, the saved one-layer head widened (:func:`widen_head`).
+    ``files``: glob patterns of the data files to train on (default all). ``name``: the zoo
+    folder written."""
+    from specdec_ref.eagle import CONFIG_NAME, EagleConfig, init_head, load_head, widen_head
     from specdec_ref.recipes.train import native_bf16
 
     budget = BUDGETS[budget_name]
@@ -249,32 +256,36 @@ def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DI
     stored = load_continuations(data)
     t0 = time.time()
     on_cpu = torch.device(device).type == "cpu"
+    if init is not None:
+        head, vocab = load_head(init)
+        if feature_layers and feature_layers != head.config.feature_layers:
+            head = widen_head(head, feature_layers)
+        feature_layers = head.config.feature_layers
     train_data = stored_features(target, data, work / "features" if on_cpu else None,
-                                 prefill_tokens=budget.prefill_tokens)
+                                 prefill_tokens=budget.prefill_tokens, feature_layers=feature_layers, files=files)
     tiny = budget_name == "tiny"
     heldout = heldout_features(target, tokenizer, per_kind=2 if tiny else 8, new_tokens=8 if tiny else 64,
-                               prompts=heldout_texts)
+                               prompts=heldout_texts, feature_layers=feature_layers)
     feature_seconds = time.time() - t0
     frozen_float(target)
     if init is None:
-        head = init_head(EagleConfig.for_target(target.config), seed)
+        head = init_head(replace(EagleConfig.for_target(target.config), feature_layers=feature_layers), seed)
         vocab = frequent_tokens(train_data, budget.draft_vocab, target.config.vocab_size)
-    else:
-        head, vocab = load_head(init)
     head.to(device)
     to_draft, lm_weight = draft_lm_head(target, vocab)
     labels = torch.cat([d.labels for d in train_data])
     fit = train_head(head, target, train_data, heldout, to_draft, lm_weight, budget,
-                     work / "eagle-head.ckpt", seed)
+                     work / f"{name}.ckpt", seed)
     record = {
         "budget": budget_name, "seed": seed, "parameters": head.num_parameters, "generated_this_run": generate,
         "data": {"sequences": len(stored), "tokens": int(labels.numel()),
                  "continuation_tokens": int(sum(len(ids) - n for ids, n in stored)),
-                 "files": len(list(data.glob("*.npz"))), "generate_seconds": round(generate_seconds),
+                 "files": files or "all", "generate_seconds": round(generate_seconds),
                  "feature_seconds": round(feature_seconds)},
         "draft_vocab": {"size": int(vocab.numel()),
                         "coverage": round((to_draft[labels] >= 0).float().mean().item(), 4)},
         "loss": {"smooth_l1_features": 1.0, "cross_entropy": budget.ce_weight, "steps_unrolled": 2},
+        "feature_layers": list(feature_layers),
         "train": fit | {"precision": "bf16 autocast" if not on_cpu or native_bf16() else "float32",
                         "peak_lr": budget.lr, "device": device_name(device)},
     }
@@ -283,7 +294,7 @@ def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DI
         trained = {key: value for key, value in before.get("train", {}).items()
                    if key in ("steps", "tokens", "minutes", "precision")}
         record["init"] = {"from": str(init), "train": trained, "init": before.get("init")}
-    save(head.cpu(), vocab, target.config, out, record)
+    save(head.cpu(), vocab, target.config, out, record, name)
     return record
 
 
@@ -304,21 +315,33 @@ def evaluate(heads: list[Path], per_kind: int = 8, new_tokens: int = 64, best_of
     from specdec_ref.eagle import load_head
 
     target, tokenizer = load_target()
-    heldout = heldout_features(target, tokenizer, per_kind, new_tokens)
+    loaded = [(folder, *load_head(folder)) for folder in heads]
+    layers = tuple(sorted({i for _, head, _ in loaded for i in head.config.feature_layers}))
+    heldout = heldout_features(target, tokenizer, per_kind, new_tokens, feature_layers=layers)
     frozen_float(target)
     embed = target.get_input_embeddings()
+    d = target.config.hidden_size
     out = {}
-    for folder in heads:
-        head, vocab = load_head(folder)
+    for folder, head, vocab in loaded:
         to_draft, lm_weight = draft_lm_head(target, vocab)
-        out[str(folder)] = {kind: agreement(head, embed, lm_weight, to_draft, seqs, best_of)
+        # each head reads its own layers of the features computed for all of them, and the top one
+        columns = [c for i in head.config.feature_layers for c in range(layers.index(i) * d, (layers.index(i) + 1) * d)]
+        columns += list(range(len(layers) * d, (len(layers) + 1) * d))
+        out[str(folder)] = {kind: agreement(head, embed, lm_weight, to_draft,
+                                            [replace(f, features=f.features[:, columns]) for f in seqs], best_of)
                             for kind, seqs in heldout.items()}
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("zoo"), help="zoo folder to write smollm2-eagle into")
+    parser.add_argument("--out", type=Path, default=Path("zoo"), help="zoo folder to write the head into")
+    parser.add_argument("--name", default="smollm2-eagle", help="the head's folder in --out (its zoo name)")
+    parser.add_argument("--feature-layers", type=int, nargs="+", default=[], metavar="I",
+                        help="a multi-layer head (EAGLE-3): SmolLM2's hidden_states indices it reads besides the top "
+                             "feature, e.g. 2 15; with --init, the saved one-layer head widened")
+    parser.add_argument("--files", nargs="+", metavar="GLOB",
+                        help="train on the data files matching these patterns only (default: all)")
     parser.add_argument("--work", type=Path, default=Path.home() / ".cache" / "specdec" / "eagle",
                         help="where the features and the training checkpoint are kept (a rerun resumes)")
     parser.add_argument("--data", type=Path, default=DATA_DIR,
@@ -370,7 +393,8 @@ def main() -> None:
         return
     print(json.dumps(build(args.out, args.work, args.budget, args.data, args.seed, not args.no_generate,
                            args.init, args.train_minutes, args.lr, args.device, args.prompts,
-                           args.sampled_minutes, args.instruct_minutes), indent=2))
+                           args.sampled_minutes, args.instruct_minutes, tuple(args.feature_layers), args.files,
+                           args.name), indent=2))
 
 
 if __name__ == "__main__":

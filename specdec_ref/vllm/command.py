@@ -97,7 +97,8 @@ def _shape(config: dict) -> str:
 def check_draft(method: str, draft: str, target: str) -> None:
     """Raise ``ValueError``, in one sentence, when ``draft`` is the wrong kind of checkpoint for
     ``method`` or an EAGLE head trained for another model than ``target``: a causal LM given to
-    ``eagle``/``eagle3``, an EAGLE head given to ``draft_model``, a head whose target's shapes
+    ``eagle``/``eagle3``, an EAGLE head given to ``draft_model``, the course's multi-layer head
+    (its layout is not vLLM's ``eagle3``), a head whose target's shapes
     (``hidden_size``, ``vocab_size`` in its ``config.json``) are not ``target``'s. Zoo names and
     local folders are checked from their files; Hub ids that are not on disk are not checked."""
     if method not in ("draft_model", "eagle", "eagle3"):
@@ -125,6 +126,11 @@ def check_draft(method: str, draft: str, target: str) -> None:
                          + ", and a full draft model goes with method='draft_model'")
     if head:
         head_config = config if config is not None else _local_config(draft)
+        layers = ((head_config or {}).get("specdec_eagle") or {}).get("feature_layers")
+        if layers:
+            raise ValueError(f"{draft} is the course's multi-layer EAGLE head (it reads the target's layers {layers} "
+                             "besides the last), a layout neither of vLLM's eagle methods loads: serve a one-layer "
+                             "head such as zoo:smollm2-eagle with method='eagle'")
         target_config = _local_config(target)
         keys = ("hidden_size", "vocab_size")
         if head_config is None or target_config is None or not all(
