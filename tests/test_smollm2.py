@@ -228,6 +228,15 @@ def test_the_eagle_recipe_runs_end_to_end(tmp_path):
                             "train": {key: record["train"][key] for key in ("steps", "tokens", "minutes", "precision")}}
     warm_head, warm_vocab = load_eagle(str(warm_out / "smollm2-eagle"))
     assert torch.equal(warm_vocab, vocab) and not torch.equal(warm_head.fc.weight, head.fc.weight)
+    # `--init HEAD --feature-layers 2 15 --name ... --files ...`: widened to a multi-layer head, trained
+    # on the chosen files' features of those layers too (kept in their own shards), under its own name
+    wide = build(warm_out, work, "tiny", data=data, generate=False, init=out / "smollm2-eagle", lr=1e-3,
+                 feature_layers=(2, 15), files=["greedy-*.npz"], name="smollm2-eagle3")
+    assert wide["feature_layers"] == [2, 15] and wide["data"]["files"] == ["greedy-*.npz"]
+    assert sorted(p.name for p in (work / "features").glob("*layer*")) == ["greedy-00000.float32.layer2.layer15.pt"]
+    wide_head, _ = load_eagle(str(warm_out / "smollm2-eagle3"))
+    assert wide_head.config.feature_layers == (2, 15) and "smollm2_eagle3" in json.loads(
+        (warm_out / "manifest.json").read_text())
     build(out, work / "again", "tiny", data=data)  # a second run, with its own checkpoint folder
     assert len(list(data.iterdir())) == 4  # one more batch of each kind after those stored
     # `--only-generate MINUTES`: stage 1 alone grows the data (the first sampled batch always runs)
@@ -235,7 +244,9 @@ def test_the_eagle_recipe_runs_end_to_end(tmp_path):
     assert grown["files"] == len(list(data.iterdir())) == 6 and grown["sequences"] == 24
     assert 0 < grown["continuation_tokens"] < grown["tokens"]
     # `--evaluate HEAD...`: saved heads scored on the held-out continuations, first and second draft
-    scores = evaluate([out / "smollm2-eagle"], per_kind=1, new_tokens=4)[str(out / "smollm2-eagle")]
+    both = evaluate([out / "smollm2-eagle", warm_out / "smollm2-eagle3"], per_kind=1, new_tokens=4)
+    scores = both[str(out / "smollm2-eagle")]
+    assert list(both[str(warm_out / "smollm2-eagle3")]) == list(KINDS)  # each head reads its own layers
     assert list(scores) == list(KINDS) and all(len(s) == 2 and 0 <= min(s) <= max(s) <= 1 for s in scores.values())
     best_two = evaluate([out / "smollm2-eagle"], per_kind=1, new_tokens=4, best_of=2)[str(out / "smollm2-eagle")]
     assert all(two >= one for kind in KINDS for one, two in zip(scores[kind], best_two[kind])), (scores, best_two)
