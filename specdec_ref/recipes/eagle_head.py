@@ -4,6 +4,8 @@
     python -m specdec_ref.recipes.eagle_head --only-generate 30     # stage 1 alone: 30 more minutes of data
     python -m specdec_ref.recipes.eagle_head --no-generate --init zoo/smollm2-eagle --train-minutes 90 --lr 3e-4
                                                                     # the shipped head trained further
+    python -m specdec_ref.recipes.eagle_head --no-generate --init zoo/smollm2-eagle --feature-layers 2 15 \
+        --name smollm2-eagle3 --out out/zoo                         # a multi-layer head (EAGLE-3), widened from it
     python -m specdec_ref.recipes.eagle_head --evaluate zoo/smollm2-eagle   # held-out agreement of saved heads
     python -m specdec_ref.recipes.eagle_head --export-prompts prompts.json  # then, on a machine with a GPU:
     python -m specdec_ref.recipes.eagle_head --budget gpu --device cuda --prompts prompts.json --init zoo/smollm2-eagle --lr 3e-4
@@ -33,6 +35,10 @@ Stages (each resumes where it stopped):
                     target's next token, over two steps: the second step drafts from the
                     first step's predicted features, as drafting does (EAGLE-3's
                     "training-time test"). Held-out agreement is measured as it trains.
+                    ``--feature-layers`` trains a multi-layer head (EAGLE-3): it also reads
+                    those layers' features (each another 1.2 KB a token in the cache), fused
+                    with the top one; ``--init`` widens a one-layer head into one that starts
+                    where it was (:func:`specdec_ref.eagle.widen_head`).
   4. save           bfloat16 weights (the head only: embedding and LM head are SmolLM2's),
                     the draft vocabulary, a vLLM-loadable copy, checksums in manifest.json.
 
