@@ -213,18 +213,23 @@ def showcase(k: int, max_new_tokens: int, rounds: int = 2) -> None:
     from transformers import TextStreamer
 
     from . import autoregressive_generate, bench, speculative_generate
+    from .eagle import EagleDrafter, drafts_chain_in_one_call, measured_tree
     from .kernels import fast
     from .timing import threads_for_timing, time_paired
 
-    pair = bench.load_pair("zoo:smollm2", "zoo:smollm2-eagle")
+    pair = bench.load_pair("zoo:smollm2", "zoo:smollm2-eagle", eagle_tree=False)
     target = fast.prepare(pair.target)
-    drafter = pair.drafter.for_target(target)
+    # The shape bench picks on this path: a chain where its draft steps run as one call, else a tree.
+    head, vocab = pair.drafter.head, pair.drafter.draft_vocab
+    tree = None if drafts_chain_in_one_call(target) else measured_tree(target, head, vocab)
+    drafter = EagleDrafter(head, target, vocab, tree=tree)
     tokenizer = pair.target_tokenizer
     text = tokenizer.apply_chat_template([{"role": "user", "content": SHOWCASE_PROMPT}], tokenize=False,
                                          add_generation_prompt=True)
     ids = tokenizer(text, return_tensors="pt").input_ids
     print(f"--- SmolLM2-135M-Instruct with its EAGLE draft head (zoo:smollm2-eagle), k={k}, greedy, "
-          f"on {fast.path_name(target)}, streamed as tokens are accepted ---\nuser: {SHOWCASE_PROMPT}\n"
+          f"on {fast.path_name(target)}, drafting {'a chain' if tree is None else 'a dynamic tree'}, streamed as "
+          f"tokens are accepted ---\nuser: {SHOWCASE_PROMPT}\n"
           "assistant: ", end="", flush=True)
     out = speculative_generate(target, drafter, ids, max_new_tokens=max_new_tokens, num_draft_tokens=k,
                                streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True))
@@ -369,7 +374,7 @@ def run_bench(args: argparse.Namespace) -> None:
     _check_zoo_names(args.target, args.draft)
     path, reason = _bench_path(args)
     pair = bench.load_pair(args.target, args.draft, device=args.device, dtype=DTYPES[args.dtype], path=path,
-                           eagle_tree=not args.eagle_chain)
+                           eagle_tree=eagle_shape(args), greedy=not args.do_sample)
     print(f"path: {reason or pair.path_reason}")
     if pair.draft_note:
         print(f"draft: {pair.draft_note}")
@@ -504,7 +509,7 @@ def run_generate(args: argparse.Namespace) -> None:
                            + ("; zoo:target-chat is zoo:target with one" if args.target == "zoo:target" else ""))
 
     pair = bench.load_pair(args.target, args.draft, device=args.device, dtype=DTYPES[args.dtype], path=args.path,
-                           eagle_tree=not args.eagle_chain)
+                           eagle_tree=eagle_shape(args), greedy=not args.do_sample)
     print(f"path: {pair.path_reason}", file=sys.stderr)
     if pair.draft_note:
         print(f"draft: {pair.draft_note}", file=sys.stderr)
@@ -565,8 +570,21 @@ PATH_HELP = ("how both models run: auto (default) times a decode step and a veri
              "and keeps the quickest; eager is PyTorch's stock layers (what the lessons teach first); weights-first "
              "computes few-row layers as W @ x^T (specdec_ref.kernels.weights_first); fast reads GGUF codes or bf16 "
              "copies as stored (specdec_ref.kernels.fast). The baseline runs the same way")
-EAGLE_CHAIN_HELP = ("an EAGLE head drafts a chain of k tokens instead of a dynamic tree of depth k (the default, "
-                    "EAGLE-2: its size chosen from the costs measured at load on the path)")
+EAGLE_CHAIN_HELP = ("an EAGLE head drafts a chain of k tokens (the default for greedy decoding where the path runs "
+                    "the chain as one call: the fast and compiled paths)")
+EAGLE_TREE_HELP = ("an EAGLE head drafts a dynamic tree of depth k (EAGLE-2; the default elsewhere), its size chosen "
+                   "from the costs measured at load on the path")
+
+
+def eagle_shape(args: argparse.Namespace) -> bool | None:
+    """``load_pair``'s ``eagle_tree``: as the flags ask, or ``None`` (the path decides)."""
+    return True if args.eagle_tree else False if args.eagle_chain else None
+
+
+def add_eagle_shape(p: argparse.ArgumentParser) -> None:
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--eagle-chain", action="store_true", help=EAGLE_CHAIN_HELP)
+    shape.add_argument("--eagle-tree", action="store_true", help=EAGLE_TREE_HELP)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -625,7 +643,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true",
                    help="with --fast: the fast path also compiles the models with torch.compile (instead of prepacking)")
     p.add_argument("--path", choices=PATH_CHOICES, default="auto", help=PATH_HELP)
-    p.add_argument("--eagle-chain", action="store_true", help=EAGLE_CHAIN_HELP)
+    add_eagle_shape(p)
     p.set_defaults(func=run_bench)
 
     p = sub.add_parser("generate", help="stream one speculative generation, then its health check",
@@ -655,7 +673,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--path", choices=PATH_CHOICES, default="auto", help=PATH_HELP)
     p.add_argument("--no-baseline", action="store_true",
                    help="do not time the target alone afterwards (the health check then says nothing of speed-up)")
-    p.add_argument("--eagle-chain", action="store_true", help=EAGLE_CHAIN_HELP)
+    add_eagle_shape(p)
     p.set_defaults(func=run_generate)
 
     p = sub.add_parser("roofline", help="bandwidth lower bounds per token for a model size")

@@ -23,7 +23,7 @@ from .kernels import fast
 from .baseline import autoregressive_generate
 from .costs import Costs, measure_costs
 from .drafters import DrafterBase
-from .eagle import TREE_SIZES, DraftTree, EagleDrafter, measured_tree
+from .eagle import TREE_SIZES, DraftTree, EagleDrafter, drafts_chain_in_one_call, measured_tree
 from .ngram import PromptLookupDrafter
 from .paired import SpeedCheck, check_speed, in_run_costs, time_rotated
 from .inputs import clock
@@ -79,7 +79,7 @@ class Pair:
 
 
 def load_pair(target: str, draft: str, device: str = "cpu", dtype: torch.dtype = torch.float32,
-              path: str = "eager", eagle_tree: bool = True) -> Pair:
+              path: str = "eager", eagle_tree: bool | None = None, greedy: bool = True) -> Pair:
     """Load a pair by zoo name (``zoo:target``), local path or Hub id; ``draft="ngram"`` is prompt
     lookup; an EAGLE head (``zoo:smollm2-eagle`` or its folder) drafts from the target's features.
     ``path``: how both models run, one of :data:`specdec_ref.kernels.choice.PATHS` ("eager",
@@ -87,7 +87,9 @@ def load_pair(target: str, draft: str, device: str = "cpu", dtype: torch.dtype =
     (:func:`specdec_ref.kernels.choice.fastest_path`); the draft runs the way its target does.
     ``eagle_tree``: an EAGLE head drafts a dynamic tree (EAGLE-2) sized from the draft and
     verification costs measured at load on the chosen path (:func:`specdec_ref.eagle.measured_tree`);
-    False: a chain."""
+    False: a chain; ``None`` (default): a chain where the path runs the head's greedy chain as one
+    call and decoding is ``greedy`` (there the chain beat the tree, whose head steps run one by one
+    from Python, on every prompt kind: docs/BENCHMARKS.md, 2026-12-08), the tree elsewhere."""
     from . import zoo
     from .kernels.choice import PATHS, fastest_path, on_path
 
@@ -103,7 +105,11 @@ def load_pair(target: str, draft: str, device: str = "cpu", dtype: torch.dtype =
         return Pair(target_model, PromptLookupDrafter(), target_tokenizer, None, path, reason)
     if zoo.is_eagle_head(draft):
         head, vocab = zoo.load_eagle(draft, dtype=dtype, device=device)
-        if not eagle_tree:
+        if eagle_tree is None and greedy and drafts_chain_in_one_call(target_model):
+            return Pair(target_model, EagleDrafter(head, target_model, vocab), target_tokenizer, None, path, reason,
+                        "the EAGLE head drafts a chain: on this path its k greedy draft steps run as one call, "
+                        "where a dynamic tree's run one by one (--eagle-tree drafts the tree)")
+        if eagle_tree is False:
             return Pair(target_model, EagleDrafter(head, target_model, vocab), target_tokenizer, None, path, reason,
                         "the EAGLE head drafts a chain, as asked")
         tree = measured_tree(target_model, head, vocab)

@@ -381,6 +381,12 @@ def measured_tree(target: nn.Module, head: EagleHead, draft_vocab: torch.LongTen
     return DraftTree.from_costs(costs, top_k)
 
 
+def drafts_chain_in_one_call(target: nn.Module) -> bool:
+    """Whether an EAGLE head drafting for ``target`` runs its greedy chain as one call (a fast
+    target's C++ chain, a compiled target's compiled one) rather than step by step from Python."""
+    return getattr(target, COMPILER, None) is not None or getattr(target, GREEDY_CHAIN, None) is not None
+
+
 class EagleDrafter(DrafterBase):
     """Drafts with an :class:`EagleHead` on the target's features (see the module docstring).
 

@@ -75,6 +75,7 @@ def test_max_new_tokens_0_fails_before_any_model_loads(command):
     (["bench", "--min-confidence", "1.2"], "argument --min-confidence: expected a number in (0, 1)"),
     (["demo", "--max-new-tokens", "-5"], "argument --max-new-tokens: expected an integer >= 1"),
     (["demo", "--showcase-tokens", "-1"], "argument --showcase-tokens: expected an integer >= 0"),
+    (["bench", "--eagle-chain", "--eagle-tree"], "argument --eagle-tree: not allowed with argument --eagle-chain"),
 ])
 def test_bad_numbers_are_refused_as_the_arguments_are_parsed(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

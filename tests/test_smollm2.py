@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from specdec_ref import autoregressive_generate, speculative_generate
+from specdec_ref.kernels import build as kernel_build
 from specdec_ref.zoo import NAMES, load, resolve, resolve_tokenizer, smollm2
 from specdec_ref.zoo.prompts import KINDS, TOPICS, heldout_prompts, interleave, prompts
 
@@ -232,7 +233,7 @@ def test_the_eagle_recipe_runs_end_to_end(tmp_path):
     # on the chosen files' features of those layers too (kept in their own shards), under its own name
     wide = build(warm_out, work, "tiny", data=data, generate=False, init=out / "smollm2-eagle", lr=1e-3,
                  feature_layers=(2, 15), files=["greedy-*.npz"], name="smollm2-eagle3")
-    assert wide["feature_layers"] == [2, 15] and wide["data"]["files"] == ["greedy-*.npz"]
+    assert wide["feature_layers"] == [2, 15] and wide["data"]["files"] == ["greedy-*.npz"] and wide["data"]["sequences"] == 4
     assert sorted(p.name for p in (work / "features").glob("*layer*")) == ["greedy-00000.float32.layer2.layer15.pt"]
     wide_head, _ = load_eagle(str(warm_out / "smollm2-eagle3"))
     assert wide_head.config.feature_layers == (2, 15) and "smollm2_eagle3" in json.loads(
@@ -370,15 +371,35 @@ def test_the_bench_runs_the_eagle_head_eager_and_fast():
     assert fast_summary.configs[0].eager.identical_prompts == 1
 
 
+@pytest.mark.skipif(not kernel_build.has_vector_units(kernel_build.cpu_flags()), reason="no fast path on this CPU")
+def test_the_head_drafts_a_chain_where_the_path_runs_it_as_one_call():
+    """load_pair's default shape: on the fast path, where the greedy chain is one C++ call, a chain;
+    with sampling (the chain would run step by step), on the eager path, or when asked, the tree."""
+    from specdec_ref.bench import load_pair
+    from specdec_ref.eagle import drafts_chain_in_one_call
+
+    fast_pair = load_pair("zoo:smollm2", "zoo:smollm2-eagle", path="fast")
+    assert drafts_chain_in_one_call(fast_pair.target) and fast_pair.drafter.tree is None
+    assert fast_pair.drafter.one_call_chain is not None and "--eagle-tree" in fast_pair.draft_note
+    for kwargs in ({"path": "fast", "greedy": False}, {"path": "eager"}, {"path": "fast", "eagle_tree": True}):
+        pair = load_pair("zoo:smollm2", "zoo:smollm2-eagle", **kwargs)
+        assert pair.drafter.tree is not None and "dynamic tree" in pair.draft_note, kwargs
+        assert drafts_chain_in_one_call(pair.target) == (kwargs["path"] == "fast"), kwargs
+
+
 @pytest.mark.slow
 def test_generate_says_how_the_head_drafts(capsys):
-    """The CLI names the drafter's shape under the path: a tree by default, a chain with --eagle-chain."""
+    """The CLI names the drafter's shape under the path: a tree with --eagle-tree, a chain with
+    --eagle-chain, and by default a chain where the path runs it as one call (the fast path), else a tree."""
     from specdec_ref.__main__ import main
 
-    for flags, shape in (([], "a dynamic tree (EAGLE-2)"), (["--eagle-chain"], "a chain, as asked")):
+    for flags, shape in ((["--eagle-tree"], "a dynamic tree (EAGLE-2)"), (["--eagle-chain"], "a chain, as asked"),
+                         ([], None)):
         main(["generate", "--max-new-tokens", "8", "--no-baseline", *flags, "def add(a, b):"])
         lines = capsys.readouterr().err.splitlines()
+        if shape is None:
+            shape = "a chain: on this path" if lines[0].startswith("path: fast") else "a dynamic tree (EAGLE-2)"
         assert lines[0].startswith("path: ") and lines[1].startswith(f"draft: the EAGLE head drafts {shape}"), lines
         # A chain's i.i.d. acceptance probability a; a tree's drafts are siblings, so it has none.
         health = next(line for line in lines if line.startswith("health check: "))
-        assert ("acceptance probability" in health) == bool(flags), health
+        assert ("acceptance probability" in health) == shape.startswith("a chain"), health

@@ -296,9 +296,17 @@ def file_continuations(path: Path) -> list[tuple[np.ndarray, int]]:
     return batch_sequences(np.load(path))
 
 
-def load_continuations(folder: Path) -> list[tuple[np.ndarray, int]]:
-    """Every stored sequence as (ids, prompt length), in file order."""
-    return [seq for path in sorted(folder.glob("*.npz")) for seq in file_continuations(path)]
+def data_files(folder: Path, files: list[str] | None = None) -> list[Path]:
+    """The stored data files matching the glob patterns ``files`` (default all), sorted."""
+    paths = sorted({path for pattern in files or ["*.npz"] for path in folder.glob(pattern)})
+    if not paths:
+        raise ValueError(f"no data files in {folder} match {files or ['*.npz']}")
+    return paths
+
+
+def load_continuations(folder: Path, files: list[str] | None = None) -> list[tuple[np.ndarray, int]]:
+    """Every stored sequence (of the ``files`` patterns, default all) as (ids, prompt length), in file order."""
+    return [seq for path in data_files(folder, files) for seq in file_continuations(path)]
 
 
 @dataclass
@@ -357,9 +365,7 @@ def stored_features(target, data: Path, cache: Path | None = None, files_per_pre
     pads the stored sequences by 14 %, 16 files at a time by 3 %); ``prefill_tokens`` padded
     tokens per prefill. ``feature_layers`` as in :func:`target_features` (each layer another
     1.2 KB a token); ``files``: glob patterns of the data files to read (default all)."""
-    paths = sorted({path for pattern in files or ["*.npz"] for path in data.glob(pattern)})
-    if not paths:
-        raise ValueError(f"no data files in {data} match {files or ['*.npz']}")
+    paths = data_files(data, files)
     dtype = str(target.dtype).removeprefix("torch.")
     layers = "".join(f".layer{i}" for i in feature_layers)
     by_file: dict[Path, list[Features]] = {}

@@ -259,7 +259,7 @@ def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DI
     if generate:
         grow_data(target, tokenizer, data, budget, seed, texts=train_texts)
     generate_seconds = time.time() - t0
-    stored = load_continuations(data)
+    stored = load_continuations(data, files)
     t0 = time.time()
     on_cpu = torch.device(device).type == "cpu"
     if init is not None:
@@ -286,7 +286,7 @@ def build(out: Path, work: Path, budget_name: str = "full", data: Path = DATA_DI
         "budget": budget_name, "seed": seed, "parameters": head.num_parameters, "generated_this_run": generate,
         "data": {"sequences": len(stored), "tokens": int(labels.numel()),
                  "continuation_tokens": int(sum(len(ids) - n for ids, n in stored)),
-                 "files": files or "all", "generate_seconds": round(generate_seconds),
+                 "files": files or len(list(data.glob("*.npz"))), "generate_seconds": round(generate_seconds),
                  "feature_seconds": round(feature_seconds)},
         "draft_vocab": {"size": int(vocab.numel()),
                         "coverage": round((to_draft[labels] >= 0).float().mean().item(), 4)},
