@@ -92,8 +92,9 @@ class DrafterBase:
         """The target kept ``num_accepted`` proposed tokens; ``tokens`` is the sequence now.
 
         ``features`` (only for ``reads_target_features``): the target's last hidden states [m, d]
-        ([m, (layers + 1) d] with ``target_feature_layers``) for the m positions its cache gained (after the prefill, the prompt's but the last; after
-        a verification, the last token's and the accepted drafts'), from the pass the loop ran.
+        ([m, (layers + 1) d] with ``target_feature_layers``: :func:`drafter_features`) for the m
+        positions its cache gained (after the prefill, the prompt's but the last; after a
+        verification, the last token's and the accepted drafts'), from the pass the loop ran.
         """
 
     def check_target(self, target: torch.nn.Module) -> None:
@@ -125,6 +126,12 @@ class DrafterBase:
         leaves the drafter as it found it, so that calls repeat; ``None`` where drafting runs no
         model (its cost is 0 target steps)."""
         return None
+
+
+def drafter_features(hidden_states: tuple[torch.Tensor, ...], rows, layers: tuple[int, ...] = ()) -> torch.Tensor:
+    """The features a drafter reads at ``rows`` of a one-sequence pass: the hidden states of its
+    ``target_feature_layers``, then the last one's (after the final norm), side by side."""
+    return torch.cat([hidden_states[i][0, rows] for i in (*layers, -1)], -1)
 
 
 class _AdaptedDrafter(DrafterBase):

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .drafters import DrafterBase, Proposal, check_min_confidence
+from .drafters import DrafterBase, Proposal, check_min_confidence, drafter_features
 from .inputs import check_context
 from .modules import COMPILER, GREEDY_CHAIN, like
 from .roofline import streamed_weight_bytes
@@ -462,8 +462,6 @@ class EagleDrafter(DrafterBase):
         """One draft step after ``tokens``: the head reads the last real feature and drafts one
         token; rewound after each call, so calls repeat."""
         context = tokens.numel() - 1
-        from .speculative import drafter_features  # the loop's module imports this one
-
         states = target(tokens[None, :context].to(target.device), output_hidden_states=True).hidden_states
         features = drafter_features(states, slice(None), self.target_feature_layers)
         self.start(tokens[:context], 1)

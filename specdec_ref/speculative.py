@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .drafters import Drafter, DrafterBase, ModelDrafter, Proposal, as_drafter_base
+from .drafters import Drafter, DrafterBase, ModelDrafter, Proposal, as_drafter_base, drafter_features
 from .eagle import EagleConfig
 from .inputs import check_request, clock, eos_ids
 from .kv_cache import keep_positions, new_cache, rollback
@@ -199,12 +199,6 @@ class Verdict:
     next_token: torch.Tensor
     rejected: bool
     features: torch.Tensor | None
-
-
-def drafter_features(hidden_states: tuple[torch.Tensor, ...], rows, layers: tuple[int, ...] = ()) -> torch.Tensor:
-    """The features a drafter reads at ``rows`` of a one-sequence pass: the hidden states of its
-    ``target_feature_layers``, then the last one's (after the final norm), side by side."""
-    return torch.cat([hidden_states[i][0, rows] for i in (*layers, -1)], -1)
 
 
 def verify_chain(target: torch.nn.Module, cache, tokens: torch.LongTensor, length: int, proposal: Proposal,

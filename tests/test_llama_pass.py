@@ -10,7 +10,8 @@ from specdec_ref import autoregressive_generate, lesson_tools, speculative_gener
 from specdec_ref.eagle import EagleDrafter, widen_head
 from specdec_ref.kernels import build as kernel_build, eagle_chain, fast, gguf, llama_pass
 from specdec_ref.kv_cache import new_cache
-from specdec_ref.speculative import drafter_features, tree_verification_inputs
+from specdec_ref.drafters import drafter_features
+from specdec_ref.speculative import tree_verification_inputs
 
 pytestmark = pytest.mark.skipif(not kernel_build.has_vector_units(kernel_build.cpu_flags()),
                                 reason="the kernels are AVX2 code; this CPU has no AVX2 with FMA")
