@@ -364,7 +364,8 @@ def speculative_generate(
         prefill = target(prompt[None, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1,
                          output_hidden_states=drafter.reads_target_features)
         if drafter.reads_target_features:  # the prompt's features, but the last token's
-            drafter.update(prompt, 0, drafter_features(prefill.hidden_states, slice(None), drafter.target_feature_layers))
+            features = drafter_features(prefill.hidden_states, slice(None), drafter.target_feature_layers)
+            drafter.update(prompt, 0, features)
         stats.prefill_seconds = now() - t0
         stats.target_forward_calls += 1
 

@@ -29,7 +29,8 @@ SOURCE = Path(__file__).with_name("llama_pass.cpp")
 PREFILL_TOKENS = 64
 
 
-def _output_shape(ids: torch.Tensor, embedding: torch.Tensor, cos, sin, mask, keys, *rest) -> tuple[torch.Tensor, torch.Tensor]:
+def _output_shape(ids: torch.Tensor, embedding: torch.Tensor, cos, sin, mask, keys,
+                  *rest) -> tuple[torch.Tensor, torch.Tensor]:
     keep_inputs = rest[-1]
     return (embedding.new_empty(ids.shape[0], embedding.shape[1]),
             embedding.new_empty(len(keys) if keep_inputs else 0, ids.shape[0], embedding.shape[1]))
