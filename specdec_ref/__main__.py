@@ -213,22 +213,18 @@ def showcase(k: int, max_new_tokens: int, rounds: int = 2) -> None:
     from transformers import TextStreamer
 
     from . import autoregressive_generate, bench, speculative_generate
-    from .eagle import EagleDrafter, drafts_chain_in_one_call, measured_tree
     from .kernels import fast
     from .timing import threads_for_timing, time_paired
 
     pair = bench.load_pair("zoo:smollm2", "zoo:smollm2-eagle", eagle_tree=False)
     target = fast.prepare(pair.target)
-    # The shape bench picks on this path: a chain where its draft steps run as one call, else a tree.
-    head, vocab = pair.drafter.head, pair.drafter.draft_vocab
-    tree = None if drafts_chain_in_one_call(target) else measured_tree(target, head, vocab)
-    drafter = EagleDrafter(head, target, vocab, tree=tree)
+    drafter, _ = bench.eagle_drafter(pair.drafter.head, target, pair.drafter.draft_vocab)  # bench's shape here
     tokenizer = pair.target_tokenizer
     text = tokenizer.apply_chat_template([{"role": "user", "content": SHOWCASE_PROMPT}], tokenize=False,
                                          add_generation_prompt=True)
     ids = tokenizer(text, return_tensors="pt").input_ids
     print(f"--- SmolLM2-135M-Instruct with its EAGLE draft head (zoo:smollm2-eagle), k={k}, greedy, "
-          f"on {fast.path_name(target)}, drafting {'a chain' if tree is None else 'a dynamic tree'}, streamed as "
+          f"on {fast.path_name(target)}, drafting {'a chain' if drafter.tree is None else 'a dynamic tree'}, streamed as "
           f"tokens are accepted ---\nuser: {SHOWCASE_PROMPT}\n"
           "assistant: ", end="", flush=True)
     out = speculative_generate(target, drafter, ids, max_new_tokens=max_new_tokens, num_draft_tokens=k,

@@ -105,23 +105,29 @@ def load_pair(target: str, draft: str, device: str = "cpu", dtype: torch.dtype =
         return Pair(target_model, PromptLookupDrafter(), target_tokenizer, None, path, reason)
     if zoo.is_eagle_head(draft):
         head, vocab = zoo.load_eagle(draft, dtype=dtype, device=device)
-        if eagle_tree is None and greedy and drafts_chain_in_one_call(target_model):
-            return Pair(target_model, EagleDrafter(head, target_model, vocab), target_tokenizer, None, path, reason,
-                        "the EAGLE head drafts a chain: on this path its k greedy draft steps run as one call, "
-                        "where a dynamic tree's run one by one (--eagle-tree drafts the tree)")
-        if eagle_tree is False:
-            return Pair(target_model, EagleDrafter(head, target_model, vocab), target_tokenizer, None, path, reason,
-                        "the EAGLE head drafts a chain, as asked")
-        tree = measured_tree(target_model, head, vocab)
-        note = (f"the EAGLE head drafts a dynamic tree (EAGLE-2): each depth grows the best {tree.top_k} nodes' best "
-                f"{tree.top_k} tokens; the nodes verified per pass (at most {tree.max_nodes}) are chosen from the "
-                f"costs measured at load on this path, c = {tree.draft_cost:.3f}, v(n) = "
-                + ", ".join(f"{v:.2f}" for v in tree.verify_costs.values())
-                + f" for n = {', '.join(map(str, tree.verify_costs))}")
-        return Pair(target_model, EagleDrafter(head, target_model, vocab, tree=tree), target_tokenizer, None, path,
-                    reason, note)
+        drafter, note = eagle_drafter(head, target_model, vocab, eagle_tree, greedy)
+        return Pair(target_model, drafter, target_tokenizer, None, path, reason, note)
     draft_model, draft_tokenizer = zoo.load(draft, dtype=dtype, device=device)
     return Pair(target_model, like(draft_model, target_model), target_tokenizer, draft_tokenizer, path, reason)
+
+
+def eagle_drafter(head, target: torch.nn.Module, vocab: torch.LongTensor | None, tree: bool | None = None,
+                  greedy: bool = True) -> tuple[EagleDrafter, str]:
+    """An EAGLE head's drafter for ``target`` in the shape :func:`load_pair`'s ``eagle_tree`` names
+    (``tree``), and a sentence saying which shape and why."""
+    if tree is None and greedy and drafts_chain_in_one_call(target):
+        return EagleDrafter(head, target, vocab), ("the EAGLE head drafts a chain: on this path its k greedy draft "
+                                                   "steps run as one call, where a dynamic tree's run one by one "
+                                                   "(--eagle-tree drafts the tree)")
+    if tree is False:
+        return EagleDrafter(head, target, vocab), "the EAGLE head drafts a chain, as asked"
+    measured = measured_tree(target, head, vocab)
+    note = (f"the EAGLE head drafts a dynamic tree (EAGLE-2): each depth grows the best {measured.top_k} nodes' best "
+            f"{measured.top_k} tokens; the nodes verified per pass (at most {measured.max_nodes}) are chosen from the "
+            f"costs measured at load on this path, c = {measured.draft_cost:.3f}, v(n) = "
+            + ", ".join(f"{v:.2f}" for v in measured.verify_costs.values())
+            + f" for n = {', '.join(map(str, measured.verify_costs))}")
+    return EagleDrafter(head, target, vocab, tree=measured), note
 
 
 def repetition_prompts(prompts: Sequence[str]) -> list[str]:

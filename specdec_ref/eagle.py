@@ -732,9 +732,16 @@ def init_head(config: EagleConfig, seed: int = 0) -> EagleHead:
     d = config.hidden_size
     with torch.no_grad():
         head.fc.weight[:, d:] += torch.eye(d)
-        if config.feature_layers:
-            head.fuse.weight.zero_()[:, -d:] = torch.eye(d)
+    if config.feature_layers:
+        _read_top_feature_only(head)
     return head
+
+
+@torch.no_grad()
+def _read_top_feature_only(head: EagleHead) -> None:
+    """Set a multi-layer head's ``fuse`` to pass the top feature through and read nothing of the lower layers."""
+    d = head.config.hidden_size
+    head.fuse.weight.zero_()[:, -d:] = torch.eye(d)
 
 
 def widen_head(head: EagleHead, feature_layers: tuple[int, ...]) -> EagleHead:
@@ -747,7 +754,5 @@ def widen_head(head: EagleHead, feature_layers: tuple[int, ...]) -> EagleHead:
         raise ValueError("name the lower layers the widened head reads (feature_layers)")
     wide = EagleHead(replace(head.config, feature_layers=feature_layers)).to(head.fc.weight.dtype)
     wide.load_state_dict(head.state_dict(), strict=False)
-    d = head.config.hidden_size
-    with torch.no_grad():
-        wide.fuse.weight.zero_()[:, -d:] = torch.eye(d)
+    _read_top_feature_only(wide)
     return wide
